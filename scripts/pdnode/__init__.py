@@ -1,0 +1,1 @@
+"""pdnode: plan, deploy and verify an SGLang prefill/decode-disaggregated node."""
