@@ -1,0 +1,102 @@
+"""The site variables (``pdnode_*``) of a node description: type, default, meaning.
+
+This table is the one place that says which inventory variables exist. The inventory's
+group_vars document them for people; ``tests/test_fields.py`` checks the two agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+REQUIRED = object()  # marker: the inventory must set it
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str  # int | float | str | bool | int_list | dict | str_or_none | int_or_none
+    default: Any
+    doc: str
+
+
+_F = Field
+FIELDS: tuple[Field, ...] = (
+    # The host
+    _F("pdnode_gpu_count", "int", REQUIRED, "GPUs on the host"),
+    _F("pdnode_gpu_model", "str", REQUIRED, "GPU model as nvidia-smi names it"),
+    _F("pdnode_driver_branch", "int", 580, "NVIDIA driver branch pinned on the host"),
+    _F("pdnode_service_prefix", "str", "sglang-pd", "systemd unit prefix: <prefix>-prefill, ..."),
+    _F("pdnode_engine", "str", "sglang", "what the launcher starts: sglang (real) or sim (stand-in)"),
+    # The model
+    _F("pdnode_model_path", "str", REQUIRED, "absolute path of the model directory on the host"),
+    _F("pdnode_model_served_name", "str", REQUIRED, "name clients use in 'model'"),
+    _F("pdnode_model_kind", "str", REQUIRED, "moe_mla | moe | dense"),
+    _F("pdnode_model_load_format", "str_or_none", None, "SGLang --load-format (dummy: random weights)"),
+    # Prefill
+    _F("pdnode_prefill_gpus", "int_list", REQUIRED, "physical GPU ids of prefill, contiguous"),
+    _F("pdnode_prefill_tp_size", "int", REQUIRED, "prefill tensor parallel size (= its GPU count)"),
+    _F("pdnode_prefill_attn_dp_size", "int", 1, "prefill attention-DP (1: DP attention off)"),
+    _F("pdnode_prefill_port", "int", 30000, "prefill HTTP port (loopback)"),
+    _F("pdnode_prefill_bootstrap_port", "int", 8998, "prefill bootstrap server port"),
+    _F("pdnode_prefill_nccl_port", "int", REQUIRED, "prefill NCCL port (distinct from decode's)"),
+    _F("pdnode_prefill_mem_fraction_static", "float", 0.85, "prefill --mem-fraction-static"),
+    _F("pdnode_prefill_extra_args", "dict", {}, "more ServerArgs fields for prefill"),
+    # Decode
+    _F("pdnode_decode_gpus", "int_list", REQUIRED, "physical GPU ids of decode, contiguous"),
+    _F("pdnode_decode_tp_size", "int", REQUIRED, "decode tp_size: ALL GPUs of the instance"),
+    _F("pdnode_decode_attn_dp_size", "int", 1, "decode attention-DP size (divides tp_size)"),
+    _F("pdnode_decode_ep_size", "int", 1, "decode expert parallel size (divides tp_size; MoE only)"),
+    _F("pdnode_decode_moe_dense_tp_size", "int_or_none", None, "dense-layer TP: unset, 1 or tp_size"),
+    _F("pdnode_decode_enable_dp_lm_head", "bool", False, "vocab-parallel lm head over DP (needs DP attention)"),
+    _F("pdnode_decode_port", "int", 30001, "decode HTTP port (loopback); port+233..+239 also bound"),
+    _F("pdnode_decode_nccl_port", "int", REQUIRED, "decode NCCL port (distinct from prefill's)"),
+    _F("pdnode_decode_mem_fraction_static", "float", 0.85, "decode --mem-fraction-static"),
+    _F("pdnode_decode_extra_args", "dict", {}, "more ServerArgs fields for decode"),
+    # Where prefill and decode listen (the router is the only public listener)
+    _F("pdnode_worker_host", "str", "127.0.0.1", "address prefill and decode bind (loopback)"),
+    # KV transfer
+    _F("pdnode_transfer_backend", "str", "mooncake", "mooncake | mooncake_tcp | nixl"),
+    _F("pdnode_ib_devices", "dict", {}, "physical GPU id -> RDMA device(s), e.g. {0: mlx5_0}"),
+    # Router
+    _F("pdnode_router_host", "str", "0.0.0.0", "router bind address (the public endpoint)"),
+    _F("pdnode_router_port", "int", 8000, "router HTTP port (its own default 30000 collides)"),
+    _F("pdnode_router_metrics_host", "str", "127.0.0.1", "router Prometheus listener address"),
+    _F("pdnode_router_metrics_port", "int", 29000, "router Prometheus listener port"),
+    _F("pdnode_router_policy", "str", "cache_aware", "random | round_robin | cache_aware | power_of_two"),
+    _F("pdnode_router_worker_startup_timeout_s", "int", 1800, "how long the router waits for workers"),
+    _F("pdnode_router_extra_args", "dict", {}, "more sglang-router arguments (underscored names)"),
+    # Environment of the engines (SGLANG_*, MC_*, ...), common to prefill and decode
+    _F("pdnode_engine_environment", "dict", {}, "extra environment for prefill and decode"),
+    # Versions
+    _F("pdnode_sglang_version", "str", "0.5.23", "SGLang release installed on the host"),
+    _F("pdnode_sglang_router_version", "str", "0.3.2", "sglang-router release"),
+    _F("pdnode_mooncake_version", "str", "0.3.13.post1", "Mooncake transfer engine release"),
+    # Verification
+    _F("pdnode_verify_prompt_words", "int", 256, "length of the verification prompt"),
+    _F("pdnode_verify_max_tokens", "int", 32, "tokens generated per verification request"),
+    _F("pdnode_verify_burst_requests", "int", 16, "requests in the threshold burst"),
+    _F("pdnode_verify_burst_concurrency", "int", 4, "concurrent requests in the burst"),
+    _F("pdnode_verify_timeout_s", "float", 60.0, "upper bound on any one verification request"),
+    _F("pdnode_verify_reference_prompt", "str", "What is the capital of France? Answer in one word.",
+       "correctness probe prompt (temperature 0)"),
+    _F("pdnode_verify_reference_answer", "str", "Paris", "text the probe's answer must contain"),
+    _F("pdnode_verify_thresholds", "dict", {}, "metric thresholds, see THRESHOLD_KEYS"),
+    # Stand-in engine knobs (pdnode_engine: sim)
+    _F("pdnode_sim_prefill_ms_per_token", "float", 0.05, "stand-in prefill time per prompt token"),
+    _F("pdnode_sim_decode_ms_per_token", "float", 5.0, "stand-in decode time per output token"),
+    _F("pdnode_sim_startup_s", "float", 1.0, "stand-in 'model load' time before /health is 200"),
+)
+
+# Thresholds the verification judges; units are in the names.
+THRESHOLD_KEYS = {
+    "ttft_p50_max_s": "time to first token, median",
+    "ttft_p99_max_s": "time to first token, 99th percentile",
+    "itl_p50_max_s": "inter-token latency, median",
+    "itl_p99_max_s": "inter-token latency, 99th percentile",
+    "e2e_p99_max_s": "end-to-end request latency, 99th percentile",
+    "decode_throughput_min_tok_s": "decode generation throughput floor",
+    "kv_transfer_speed_min_gb_s": "KV transfer speed floor (catches a fall-back to TCP)",
+}
+
+BY_NAME = {f.name: f for f in FIELDS}
