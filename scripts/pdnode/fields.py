@@ -28,6 +28,11 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_driver_branch", "int", 580, "NVIDIA driver branch pinned on the host"),
     _F("pdnode_service_prefix", "str", "sglang-pd", "systemd unit prefix: <prefix>-prefill, ..."),
     _F("pdnode_engine", "str", "sglang", "what the launcher starts: sglang (real) or sim (stand-in)"),
+    _F("pdnode_service_user", "str", "sglang", "system user the three services run as"),
+    _F("pdnode_install_root", "str", "/opt/sglang-pd", "where per-release virtualenvs live"),
+    _F("pdnode_config_dir", "str", "/etc/sglang-pd", "ServerArgs JSON, environment files, secrets"),
+    _F("pdnode_wheelhouse", "str_or_none", None, "controller directory of wheels for offline installs"),
+    _F("pdnode_api_key_file", "str_or_none", None, "controller file holding the workers' API key"),
     # The model
     _F("pdnode_model_path", "str", REQUIRED, "absolute path of the model directory on the host"),
     _F("pdnode_model_served_name", "str", REQUIRED, "name clients use in 'model'"),

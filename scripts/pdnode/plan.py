@@ -83,6 +83,7 @@ class Plan:
     ports: dict[str, int]
     gpus: dict[str, list[int]]
     environment: dict[str, dict[str, str]]
+    install: dict[str, str]  # user, root, venv, config_dir, unit names
     settings: dict[str, Any]  # the validated pdnode_* values, defaults filled in
     warnings: list[Problem] = field(default_factory=list)
 
@@ -93,7 +94,8 @@ class Plan:
         return {
             "host": self.host, "prefill": self.prefill, "decode": self.decode,
             "router": self.router, "router_argv": self.router_argv(), "ports": self.ports,
-            "gpus": self.gpus, "environment": self.environment, "settings": self.settings,
+            "gpus": self.gpus, "environment": self.environment, "install": self.install,
+            "settings": self.settings,
             "warnings": [str(w) for w in self.warnings],
         }
 
@@ -355,6 +357,12 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
         c.error("pdnode_model_path", v["pdnode_model_path"],
                 "must be an absolute local path (otherwise SGLang and the router try to reach a model hub)",
                 "download the model to the host and give its directory")
+    for name in ("pdnode_install_root", "pdnode_config_dir"):
+        if isinstance(v[name], str) and not v[name].startswith("/"):
+            c.error(name, v[name], "must be an absolute path", "write it from the root, e.g. /opt/sglang-pd")
+    if isinstance(v["pdnode_service_user"], str) and v["pdnode_service_user"] == "root":
+        c.error("pdnode_service_user", "root", "the services must not run as root",
+                "use a dedicated system user such as sglang")
     if isinstance(v["pdnode_gpu_count"], int) and v["pdnode_gpu_count"] < 1:
         c.error("pdnode_gpu_count", v["pdnode_gpu_count"], "must be at least 1", "set the number of GPUs of the host")
     for role in ("prefill", "decode"):
@@ -503,8 +511,19 @@ def _derive(v: dict[str, Any], ib_map: dict[int, str], ports: dict[str, int],
                 "PDNODE_SIM_DECODE_MS_PER_TOKEN": str(v["pdnode_sim_decode_ms_per_token"]),
                 "PDNODE_SIM_STARTUP_S": str(v["pdnode_sim_startup_s"]),
             })
+    prefix = v["pdnode_service_prefix"]
+    # One virtualenv per release set: an upgrade installs beside the running one.
+    release = (f"sglang-{v['pdnode_sglang_version']}" if v["pdnode_engine"] == "sglang" else "sim") + (
+        f"-router-{v['pdnode_sglang_router_version']}-mooncake-{v['pdnode_mooncake_version']}")
+    install = {
+        "user": v["pdnode_service_user"], "root": v["pdnode_install_root"],
+        "venv": f"{v['pdnode_install_root']}/venvs/{release}", "config_dir": v["pdnode_config_dir"],
+        "engine": v["pdnode_engine"], "prefix": prefix, "target": f"{prefix}.target",
+        **{f"unit_{role}": f"{prefix}-{role}.service" for role in ("prefill", "decode", "router")},
+    }
     return Plan(
         host=host,
+        install=install,
         prefill=_server_args(v, "prefill", ib_map),
         decode=_server_args(v, "decode", ib_map),
         router=router,
