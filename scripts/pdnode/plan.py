@@ -108,7 +108,7 @@ def _show(value: Any) -> str:
 
 def known_server_args() -> frozenset[str]:
     text = resources.files("pdnode").joinpath("data/serverargs-0.5.23.txt").read_text()
-    return frozenset(line for line in text.split() if line and not line.startswith("#"))
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
 
 def router_argv(router: dict[str, Any]) -> list[str]:

@@ -1,0 +1,69 @@
+"""The stand-in engine: SGLang 0.5.23's public PD protocol without a GPU.
+
+    python -m pdnode.standin SERVERARGS.json [--api-key-file PATH]
+
+It reads the same JSON ServerArgs file real SGLang gets (keys are ServerArgs field names;
+an unknown key is refused like real SGLang refuses an unknown keyword) and speaks SGLang's
+HTTP, bootstrap and metrics protocol faithfully enough for the real sglang-router and the
+real verification to work against it. The KV cache hand-off from prefill to decode goes
+through the real Mooncake transfer engine (TCP, P2P handshake), so the KV-transfer metrics
+are measured, not invented. Runs on Python >= 3.11; third-party imports: aiohttp,
+prometheus_client, mooncake (transfer engine).
+
+Modules (one job each)
+    config.py      ServerArgs JSON + PDNODE_SIM_* / SGLANG_* environment -> Settings
+    model.py       the deterministic fake model and its tokenizer
+    faults.py      fault injection state
+    metrics.py     Prometheus metrics with SGLang's names, labels and buckets
+    bootstrap.py   the prefill bootstrap server (/health, PUT/GET /route, ...)
+    kv.py          KV pools, Mooncake transfer engine, the P<->D control channel
+    engine.py      the request pipeline per role (prefill / decode / unified)
+    protocol.py    response bodies: /generate, OpenAI chat and completions, SSE
+    http_api.py    the HTTP routes, API-key check, /sim/faults
+    app.py         start-up, readiness, shutdown on SIGTERM
+
+Simulation knobs (environment variables; invalid values stop the start with exit code 2)
+    PDNODE_SIM_PREFILL_MS_PER_TOKEN  prefill compute per prompt token, ms (default 0.1)
+    PDNODE_SIM_DECODE_MS_PER_TOKEN   decode time per output token, ms (default 20)
+    PDNODE_SIM_STARTUP_S             seconds of simulated model loading before /health
+                                     turns 200 (and, on prefill, before the ranks register
+                                     with the bootstrap server) (default 0)
+    PDNODE_SIM_KV_BYTES_PER_TOKEN    KV cache bytes per prompt token moved P->D
+                                     (default 16384)
+    PDNODE_SIM_KV_POOL_MB            size of each side's registered KV pool in MiB; the
+                                     pool is an anonymous mapping, touched pages only
+                                     (default 256); max_total_num_tokens = pool / bytes
+    PDNODE_SIM_FAULTS                comma list of faults active from the start
+    PDNODE_SIM_SLOW_FACTOR           latency multiplier of the `slow` fault (default 10)
+Also honoured, with SGLang's meaning and defaults: SGLANG_DISAGGREGATION_WAITING_TIMEOUT
+(300 s), SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (300 s),
+SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (5 s, min 2),
+SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (2), SGLANG_HOST_IP (the address ranks
+advertise when --host is a wildcard).
+
+Faults (PDNODE_SIM_FAULTS at start; at run time `POST /sim/faults {"faults": [...]}`
+replaces the set, `GET /sim/faults` shows it; /sim/* answers loopback clients only and
+needs the API key like every non-health route). A fault may carry an argument after ':'.
+    slow[:F]          every simulated latency multiplied by F (default PDNODE_SIM_SLOW_FACTOR)
+    error500          generation routes answer 500 (the prefill also fails the room, so the
+                      paired decode aborts like it does when a real prefill fails)
+    wrong_output      the model answers wrongly (reference probes get a wrong answer)
+    bootstrap_down    the prefill's bootstrap server stops listening (connections refused)
+    transfer_stall    the prefill never sends the KV cache; decode times out after
+                      SGLANG_DISAGGREGATION_WAITING_TIMEOUT and aborts the request
+    no_metrics        /metrics answers 404 as if --enable-metrics were off
+    rename_metric[:OLD=NEW]  metric OLD is exposed as NEW (default
+                      sglang:e2e_request_latency_seconds=sglang:request_e2e_latency_seconds)
+
+The fake model (model.py): the answer is a deterministic function of the prompt. Probes in
+model.REFERENCE_ANSWERS get their fixed answer ("What is the capital of France? Answer in
+one word." -> "Paris"), anything else a deterministic word sequence derived from a hash of
+the prompt, 16..64 words long, then EOS (finish_reason "stop"), unless max tokens cut it
+("length"). Tokenizer: each run of letters/digits counts one token per started 4
+characters, each other non-space character one token; chat messages are flattened with a
+fixed template before counting. Output tokens are whole words.
+"""
+
+__all__ = ["VERSION"]
+
+VERSION = "0.5.23-standin"

@@ -1,0 +1,308 @@
+"""ServerArgs JSON + environment -> the stand-in's settings.
+
+Only the fields the stand-in acts on are interpreted; every other ServerArgs field is
+accepted and reported back in /server_info. A key that is not a ServerArgs field of
+SGLang 0.5.23 is refused, as real SGLang refuses an unexpected keyword.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from .faults import FaultError, parse_faults
+from ..plan import known_server_args
+
+TRANSFER_BACKENDS = ("mooncake", "mooncake_tcp")
+REDACTED_FIELDS = ("ssl_keyfile_password", "watermark_key", "watermark_key_b")  # never in /server_info
+MODES = ("null", "prefill", "decode")
+
+
+class ConfigError(Exception):
+    """The ServerArgs file or the environment cannot be used; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    host: str
+    port: int
+    model_path: str
+    served_model_name: str
+    mode: str  # "null" | "prefill" | "decode"
+    bootstrap_port: int
+    transfer_backend: str
+    tp_size: int
+    dp_size: int
+    attn_dp_size: int
+    ep_size: int
+    pp_size: int
+    base_gpu_id: int
+    enable_metrics: bool
+    context_length: int
+    max_running_requests: int
+    page_size: int
+    kv_cache_dtype: str
+    load_balance_method: str
+    resolved: Mapping[str, Any]  # what /server_info reports (all given keys, resolved)
+    api_key: str | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def attn_tp_size(self) -> int:
+        return self.tp_size // self.attn_dp_size
+
+    @property
+    def engine_type(self) -> str:
+        return {"prefill": "prefill", "decode": "decode"}.get(self.mode, "unified")
+
+    @property
+    def advertise_host(self) -> str:
+        """The address peers use to reach this process (ranks' rank_ip)."""
+        if self.host in ("0.0.0.0", "::", ""):
+            return os.environ.get("SGLANG_HOST_IP") or "127.0.0.1"
+        return self.host
+
+
+@dataclasses.dataclass(frozen=True)
+class SimSettings:
+    prefill_ms_per_token: float = 0.1
+    decode_ms_per_token: float = 20.0
+    startup_s: float = 0.0
+    kv_bytes_per_token: int = 16384
+    kv_pool_mb: int = 256
+    slow_factor: float = 10.0
+    faults: tuple[str, ...] = ()
+    waiting_timeout_s: float = 300.0
+    bootstrap_timeout_s: float = 300.0
+    heartbeat_interval_s: float = 5.0
+    heartbeat_max_failure: int = 2
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        return (self.kv_pool_mb * 1024 * 1024) // self.kv_bytes_per_token
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    server: ServerSettings
+    sim: SimSettings
+
+
+def _int(args: Mapping[str, Any], key: str, default: int, minimum: int | None = None) -> int:
+    value = args.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"ServerArgs field {key}={value!r}: must be an integer")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"ServerArgs field {key}={value!r}: must be >= {minimum}")
+    return value
+
+
+def _str(args: Mapping[str, Any], key: str, default: str | None) -> str | None:
+    value = args.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ConfigError(f"ServerArgs field {key}={value!r}: must be a string")
+    return value
+
+
+def _model_config(model_path: str) -> dict[str, Any]:
+    """config.json of the model directory, when there is one (real SGLang reads it too)."""
+    path = Path(model_path) / "config.json"
+    try:
+        with path.open(encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def load_server_args(path: str | os.PathLike[str], api_key: str | None = None) -> ServerSettings:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            args = json.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read ServerArgs file {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigError(f"ServerArgs file {path} is not valid JSON: {exc}") from None
+    if not isinstance(args, dict):
+        raise ConfigError(f"ServerArgs file {path}: top level must be an object")
+    return server_settings_from_dict(args, api_key)
+
+
+def server_settings_from_dict(args: Mapping[str, Any], api_key: str | None = None) -> ServerSettings:
+    known = known_server_args()
+    unknown = sorted(k for k in args if k not in known)
+    if unknown:
+        raise ConfigError(
+            f"unknown ServerArgs field(s) {', '.join(unknown)}: not a field of SGLang "
+            f"ServerArgs 0.5.23 (keys must be ServerArgs field names)"
+        )
+    for secret in ("api_key", "admin_api_key"):
+        if args.get(secret) is not None:
+            raise ConfigError(
+                f"ServerArgs field {secret} must not be in the JSON file: pass the API key with --api-key-file"
+            )
+    model_path = _str(args, "model_path", None)
+    if not model_path:
+        raise ConfigError("ServerArgs field model_path is required")
+    mode = _str(args, "disaggregation_mode", "null") or "null"
+    if mode not in MODES:
+        raise ConfigError(f"ServerArgs field disaggregation_mode={mode!r}: one of {', '.join(MODES)}")
+    backend = _str(args, "disaggregation_transfer_backend", "mooncake") or "mooncake"
+    if mode != "null" and backend not in TRANSFER_BACKENDS:
+        raise ConfigError(
+            f"ServerArgs field disaggregation_transfer_backend={backend!r}: the stand-in moves "
+            f"KV only through Mooncake ({', '.join(TRANSFER_BACKENDS)})"
+        )
+    tp = _int(args, "tp_size", 1, 1)
+    dp = _int(args, "dp_size", 1, 1)
+    attn_dp = _int(args, "attn_dp_size", 1, 1)
+    if args.get("enable_dp_attention") and dp > 1 and attn_dp == 1:
+        # SGLang 0.5.23 rewrites the deprecated spelling: attn_dp_size=N, dp_size=1.
+        attn_dp, dp = dp, 1
+    if tp % attn_dp:
+        raise ConfigError(
+            f"ServerArgs fields tp_size={tp}, attn_dp_size={attn_dp}: tp_size must be a "
+            f"multiple of attn_dp_size (tp_size is the instance's GPU count)"
+        )
+    ep = _int(args, "ep_size", 1, 1)
+    if tp % ep:
+        raise ConfigError(f"ServerArgs fields tp_size={tp}, ep_size={ep}: ep_size must divide tp_size")
+    pp = _int(args, "pp_size", 1, 1)
+    port = _int(args, "port", 30000, 1)
+    bootstrap_port = _int(args, "disaggregation_bootstrap_port", 8998, 1)
+    if mode == "prefill" and bootstrap_port == port:
+        raise ConfigError(
+            f"ServerArgs fields port={port}, disaggregation_bootstrap_port={bootstrap_port}: "
+            f"the bootstrap server needs its own port"
+        )
+    host = _str(args, "host", "127.0.0.1") or "127.0.0.1"
+    served = _str(args, "served_model_name", None) or model_path
+    context_length = _int(args, "context_length", 0, 0) or 0
+    hf = _model_config(model_path)
+    if not context_length:
+        context_length = int(hf.get("max_position_embeddings") or 32768)
+    lbm = _str(args, "load_balance_method", "auto") or "auto"
+    if lbm == "auto":
+        lbm = "follow_bootstrap_room" if mode == "prefill" else "round_robin"
+    page_size = _int(args, "page_size", 1, 1) or 1
+    resolved: dict[str, Any] = dict(args)
+    resolved.update(
+        host=host, port=port, model_path=model_path, served_model_name=served,
+        tokenizer_path=args.get("tokenizer_path") or model_path,
+        disaggregation_mode=mode, disaggregation_transfer_backend=backend,
+        disaggregation_bootstrap_port=bootstrap_port, tp_size=tp, dp_size=dp,
+        attn_dp_size=attn_dp, enable_dp_attention=attn_dp > 1, ep_size=ep, pp_size=pp,
+        base_gpu_id=_int(args, "base_gpu_id", 0, 0), gpu_id_step=_int(args, "gpu_id_step", 1, 1),
+        enable_metrics=bool(args.get("enable_metrics", False)), context_length=context_length,
+        load_balance_method=lbm, page_size=page_size,
+        kv_cache_dtype=_str(args, "kv_cache_dtype", "auto") or "auto",
+        load_format=_str(args, "load_format", "auto") or "auto",
+    )
+    for secret in ("api_key", "admin_api_key"):
+        resolved.pop(secret, None)
+    for secret in REDACTED_FIELDS:
+        if resolved.get(secret) is not None:
+            resolved[secret] = "<redacted>"
+    return ServerSettings(
+        host=host,
+        port=port,
+        model_path=model_path,
+        served_model_name=served,
+        mode=mode,
+        bootstrap_port=bootstrap_port,
+        transfer_backend=backend,
+        tp_size=tp,
+        dp_size=dp,
+        attn_dp_size=attn_dp,
+        ep_size=ep,
+        pp_size=pp,
+        base_gpu_id=resolved["base_gpu_id"],
+        enable_metrics=resolved["enable_metrics"],
+        context_length=context_length,
+        max_running_requests=_int(args, "max_running_requests", 256, 1) or 256,
+        page_size=page_size,
+        kv_cache_dtype=resolved["kv_cache_dtype"],
+        load_balance_method=lbm,
+        resolved=resolved,
+        api_key=api_key,
+    )
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"environment {name}={raw!r}: must be a number") from None
+    if value < minimum or value != value:
+        raise ConfigError(f"environment {name}={raw!r}: must be >= {minimum}")
+    return value
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"environment {name}={raw!r}: must be an integer") from None
+    if value < minimum:
+        raise ConfigError(f"environment {name}={raw!r}: must be >= {minimum}")
+    return value
+
+
+def load_sim_settings(env: Mapping[str, str] | None = None) -> SimSettings:
+    env = os.environ if env is None else env
+    raw_faults = env.get("PDNODE_SIM_FAULTS", "")
+    try:
+        faults = tuple(str(f) for f in parse_faults([p for p in raw_faults.split(",") if p.strip()]))
+    except FaultError as exc:
+        raise ConfigError(f"environment PDNODE_SIM_FAULTS={raw_faults!r}: {exc}") from None
+    sim = SimSettings(
+        prefill_ms_per_token=_env_float(env, "PDNODE_SIM_PREFILL_MS_PER_TOKEN", 0.1),
+        decode_ms_per_token=_env_float(env, "PDNODE_SIM_DECODE_MS_PER_TOKEN", 20.0),
+        startup_s=_env_float(env, "PDNODE_SIM_STARTUP_S", 0.0),
+        kv_bytes_per_token=_env_int(env, "PDNODE_SIM_KV_BYTES_PER_TOKEN", 16384, 1),
+        kv_pool_mb=_env_int(env, "PDNODE_SIM_KV_POOL_MB", 256, 1),
+        slow_factor=_env_float(env, "PDNODE_SIM_SLOW_FACTOR", 10.0, 1.0),
+        faults=faults,
+        waiting_timeout_s=_env_float(env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0),
+        bootstrap_timeout_s=_env_float(env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0),
+        heartbeat_interval_s=max(2.0, _env_float(env, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0)),
+        heartbeat_max_failure=max(1, _env_int(env, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)),
+    )
+    if sim.max_total_num_tokens < 1:
+        raise ConfigError(
+            "environment PDNODE_SIM_KV_POOL_MB / PDNODE_SIM_KV_BYTES_PER_TOKEN: the pool "
+            "holds less than one token"
+        )
+    return sim
+
+
+def read_api_key(path: str | os.PathLike[str]) -> str:
+    try:
+        key = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read API key file {path}: {exc.strerror}") from None
+    if not key:
+        raise ConfigError(f"API key file {path} is empty")
+    return key
+
+
+def model_identity(model_path: str) -> tuple[str, list[str]]:
+    """(model_type, architectures) from the model's config.json, else a dense Llama."""
+    hf = _model_config(model_path)
+    model_type = hf.get("model_type") if isinstance(hf.get("model_type"), str) else "llama"
+    arch = hf.get("architectures")
+    if not (isinstance(arch, list) and all(isinstance(a, str) for a in arch)):
+        arch = ["LlamaForCausalLM"]
+    return model_type, list(arch)

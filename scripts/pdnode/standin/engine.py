@@ -1,0 +1,464 @@
+"""The request pipeline of one role, with SGLang's queues, timings and failure messages.
+
+prefill: bootstrap queue (wait for decode's transfer info of this bootstrap_room) ->
+         waiting queue (a running slot and KV pool space) -> forward (prompt_tokens x
+         PREFILL_MS_PER_TOKEN) -> inflight queue (Mooncake write to decode, status) ->
+         answers with the first token, finish_reason length(0), like a real prefill.
+decode:  prealloc queue (bootstrap: prefill info and rank endpoint; KV pool space; send
+         transfer info) -> transfer queue (wait for the KV, up to
+         SGLANG_DISAGGREGATION_WAITING_TIMEOUT) -> running (one token per
+         DECODE_MS_PER_TOKEN; the first one comes with the KV).
+unified: waiting queue -> forward -> running (disaggregation_mode null).
+Counters follow SGLang: both sides count prompt tokens and requests when a request
+finishes; prefill counts one generated token per request (the token its forward pass
+produced), decode counts them all; TTFT and ITL are observed only where tokens stream
+(decode/unified), the KV transfer metrics on the prefill, bootstrap timings on both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from . import model
+from .config import Settings
+from .faults import Faults
+from .kv import BootstrapError, DecodeKV, KVError, PrefillKV, TransferInfo
+from .metrics import Metrics
+
+log = logging.getLogger("standin.engine")
+
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's health-check bootstrap host: no KV moves
+DEFERRED_RELEASE_S = 10.0  # how long decode keeps the KV slot of a request it gave up on
+
+
+class EngineError(Exception):
+    """A request failed; status and message are what SGLang would answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class GenRequest:
+    question: str  # what the model answers: the last user message, or the prompt
+    prompt_tokens: int
+    max_new_tokens: int | None
+    stream: bool = False
+    ignore_eos: bool = False
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+    rid: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.rid:
+            self.rid = uuid.uuid4().hex
+
+
+@dataclass
+class TokenEvent:
+    piece: str  # the text this token adds
+    token_id: int
+    completion_tokens: int  # tokens so far, this one included
+    finish: dict | None  # SGLang's finish_reason on the last event
+
+
+@dataclass
+class _Rank:
+    running: int = 0
+    queue: int = 0
+    pd_queue_a: int = 0  # prefill bootstrap / decode prealloc
+    pd_queue_b: int = 0  # prefill inflight / decode transfer
+    generated: int = 0  # tokens since the last throughput sample
+
+
+class Engine:
+    def __init__(self, settings: Settings, faults: Faults, metrics: Metrics,
+                 prefill_kv: PrefillKV | None = None, decode_kv: DecodeKV | None = None) -> None:
+        self.server = settings.server
+        self.sim = settings.sim
+        self.faults = faults
+        self.metrics = metrics
+        self.prefill_kv = prefill_kv
+        self.decode_kv = decode_kv
+        self.mode = self.server.mode
+        self.ranks = [_Rank() for _ in metrics.ranks]
+        self._rr = itertools.cycle(range(len(self.ranks)))
+        self._slots = asyncio.Semaphore(self.server.max_running_requests)
+        self.status = "Starting"  # Starting | Up | Exiting
+        self.last_gen_throughput = [0.0] * len(self.ranks)
+        self._used_tokens = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- helpers ---------------------------------------------------------------------
+    def _background(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _sleep_s(self, ms: float) -> float:
+        return ms * self.faults.latency_factor / 1000.0
+
+    def kv_bytes(self, prompt_tokens: int) -> int:
+        return max(prompt_tokens, 1) * self.sim.kv_bytes_per_token
+
+    def _gauges(self, r: int) -> None:
+        rank = self.ranks[r]
+        m = self.metrics
+        m.set_gauge(r, "num_running_reqs", rank.running)
+        m.set_gauge(r, "num_queue_reqs", rank.queue)
+        if self.mode == "prefill":
+            m.set_gauge(r, "num_prefill_bootstrap_queue_reqs", rank.pd_queue_a)
+            m.set_gauge(r, "num_prefill_inflight_queue_reqs", rank.pd_queue_b)
+        elif self.mode == "decode":
+            m.set_gauge(r, "num_decode_prealloc_queue_reqs", rank.pd_queue_a)
+            m.set_gauge(r, "num_decode_transfer_queue_reqs", rank.pd_queue_b)
+        m.set_gauge(r, "token_usage", self._used_tokens / self.sim.max_total_num_tokens)
+
+    def sample_throughput(self, interval_s: float) -> None:
+        for r, rank in enumerate(self.ranks):
+            self.last_gen_throughput[r] = rank.generated / interval_s
+            rank.generated = 0
+            self.metrics.set_gauge(r, "gen_throughput", self.last_gen_throughput[r])
+            self._gauges(r)
+
+    def check_request(self, req: GenRequest) -> None:
+        """Admission checks that answer 400 before anything runs."""
+        if self.status != "Up":
+            raise EngineError(503, "The server is not ready yet (still loading the model).")
+        total = req.prompt_tokens + (req.max_new_tokens or 0)
+        if total > self.server.context_length:
+            raise EngineError(
+                400,
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.server.context_length} tokens. You requested a total of {total} tokens: "
+                f"{req.prompt_tokens} tokens from the input messages and {req.max_new_tokens or 0} "
+                f"tokens for the completion. Please reduce the number of tokens in the input "
+                f"messages or the completion to fit within the limit.",
+            )
+        if self.mode != "null" and req.bootstrap_room is None:
+            raise EngineError(
+                400,
+                f"Invalid request: Disaggregated request received without bootstrap room id. req.rid={req.rid!r}",
+            )
+        if self.faults.active("error500"):
+            if self.mode == "prefill" and self.prefill_kv is not None and req.bootstrap_room is not None:
+                self.prefill_kv.fail_room(req.bootstrap_room, "prefill failed (injected fault error500)")
+            raise EngineError(500, "Internal server error (injected fault error500)")
+
+    def completion_for(self, req: GenRequest) -> model.Completion:
+        limit = max(self.server.context_length - req.prompt_tokens, 0)
+        return model.generate(
+            req.question, req.max_new_tokens, wrong=self.faults.active("wrong_output"),
+            ignore_eos=req.ignore_eos, limit=limit,
+        )
+
+    # --- entry point -----------------------------------------------------------------
+    async def generate(self, req: GenRequest) -> AsyncIterator[TokenEvent]:
+        """Token events of one admitted request (call check_request first); EngineError
+        before the first event on failure."""
+        completion = self.completion_for(req)
+        t0 = time.monotonic()
+        produced = 0
+        finished = False
+        try:
+            if self.mode == "prefill":
+                gen = self._prefill(req, completion, t0)
+            elif self.mode == "decode":
+                gen = self._decode(req, completion, t0)
+            else:
+                gen = self._unified(req, completion, t0)
+            async for ev in gen:
+                produced = ev.completion_tokens
+                yield ev
+            finished = True
+        except EngineError:
+            finished = True
+            raise
+        finally:
+            if not finished:  # the client went away (cancellation / generator closed)
+                self.metrics.observe_aborted()
+                log.info("request %s (room %s) aborted by the client", req.rid, req.bootstrap_room)
+            self.metrics.observe_finished(
+                prompt_tokens=req.prompt_tokens, generation_tokens=produced,
+                e2e_s=time.monotonic() - t0, stream=req.stream,
+            )
+
+    # --- prefill ---------------------------------------------------------------------
+    async def _prefill(self, req: GenRequest, completion: model.Completion, t0: float) -> AsyncIterator[TokenEvent]:
+        kv = self.prefill_kv
+        assert kv is not None and req.bootstrap_room is not None
+        room = req.bootstrap_room
+        dp_groups = len(self.ranks)
+        r = room % dp_groups if self.server.load_balance_method == "follow_bootstrap_room" else next(self._rr)
+        rank = self.ranks[r]
+        fake = req.bootstrap_host == FAKE_BOOTSTRAP_HOST
+        state = None if fake else kv.open(room)
+        nbytes = self.kv_bytes(req.prompt_tokens)
+        failure: str | None = "aborted"
+        offset: int | None = None
+        info: TransferInfo | None = None
+        try:
+            # bootstrap queue: wait for decode's transfer info for this room
+            rank.pd_queue_a += 1
+            self._gauges(r)
+            try:
+                if state is not None:
+                    info = await kv.wait_transfer_info(state, room)
+            except BootstrapError as exc:
+                self.metrics.inc(r, "num_bootstrap_failed_reqs")
+                failure = str(exc)
+                log.error("prefill bootstrap failed for req %s room %d: %s", req.rid, room, exc)
+                raise EngineError(500, f"Prefill bootstrap failed for request rank=0 req.rid={req.rid!r} "
+                                       f"req.bootstrap_room={room} with exception KVTransferError(bootstrap_room={room}): {exc}") from None
+            finally:
+                rank.pd_queue_a -= 1
+            bootstrap_done = time.monotonic()
+            # waiting queue: a running slot and pool space
+            rank.queue += 1
+            self._gauges(r)
+            try:
+                await self._slots.acquire()
+                try:
+                    offset = await kv.pool.alloc(nbytes)
+                except BaseException as exc:
+                    self._slots.release()
+                    if isinstance(exc, KVError):
+                        raise EngineError(400, str(exc)) from None
+                    raise
+            finally:
+                rank.queue -= 1
+            wait_entry = time.monotonic()
+            self.metrics.observe_queue_time(r, wait_entry - bootstrap_done)
+            self._used_tokens += req.prompt_tokens
+            try:
+                rank.running += 1
+                self._gauges(r)
+                try:
+                    await asyncio.sleep(self._sleep_s(req.prompt_tokens * self.sim.prefill_ms_per_token))
+                    kv.pool.stamp(offset, nbytes, room)
+                finally:
+                    rank.running -= 1
+                # inflight queue: the KV goes to decode
+                transfer_entry = time.monotonic()
+                rank.pd_queue_b += 1
+                self._gauges(r)
+                try:
+                    if info is not None:
+                        if self.faults.active("transfer_stall"):
+                            await self._stall(state, room, r)
+                        if state is not None and state.aborted.is_set():
+                            # decode gave up on this room: its slot may belong to another request now
+                            self.metrics.inc(r, "num_transfer_failed_reqs")
+                            failure = "aborted by decode"
+                            raise EngineError(500, f"Prefill transfer aborted for request rank=0 req.rid={req.rid!r} "
+                                                   f"req.bootstrap_room={room}: decode aborted the request")
+                        try:
+                            await kv.transfer(info, offset, nbytes)
+                        except KVError as exc:
+                            self.metrics.inc(r, "num_transfer_failed_reqs")
+                            failure = str(exc)
+                            raise EngineError(500, f"Prefill transfer failed for request rank=0 req.rid={req.rid!r} "
+                                                   f"req.bootstrap_room={room} with exception "
+                                                   f"KVTransferError(bootstrap_room={room}): {exc}") from None
+                        await kv.notify(info, ok=True)
+                finally:
+                    rank.pd_queue_b -= 1
+                done = time.monotonic()
+            finally:
+                self._slots.release()
+                self._used_tokens -= req.prompt_tokens
+                kv.pool.release(offset, nbytes)
+                self._gauges(r)
+            if info is not None:
+                latency_s = done - transfer_entry
+                total_mb = nbytes / (1024 * 1024)
+                speed = (total_mb / 1024) / latency_s if latency_s > 0 else 0.0
+                self.metrics.observe_kv_transfer(r, latency_ms=latency_s * 1000, total_mb=total_mb, speed_gb_s=speed)
+                self.metrics.observe_kv_bootstrap(
+                    r, bootstrap_ms=(bootstrap_done - t0) * 1000, alloc_ms=(wait_entry - bootstrap_done) * 1000
+                )
+                log.info("prefill req %s room %d: %d prompt tokens, KV %.3f MB to %s in %.2f ms (%.3f GB/s)",
+                         req.rid, room, req.prompt_tokens, total_mb, info.session_id, latency_s * 1000, speed)
+            failure = None
+        finally:
+            if state is not None:
+                kv.close_room(room, failure)
+        prefill_finish = {"type": "length", "length": 0}
+        if completion.words:
+            yield TokenEvent(completion.pieces[0], completion.token_ids[0], 1, prefill_finish)
+        else:
+            yield TokenEvent("", 0, 0, prefill_finish)
+
+    async def _stall(self, state, room: int, r: int) -> None:
+        """transfer_stall: never send; fail when decode gives up (or after its timeout)."""
+        log.warning("transfer_stall: holding the KV of room %d", room)
+        try:
+            await asyncio.wait_for(state.aborted.wait(), self.sim.waiting_timeout_s + self.sim.bootstrap_timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        self.metrics.inc(r, "num_transfer_failed_reqs")
+        raise EngineError(500, f"Prefill transfer failed for request rank=0 req.bootstrap_room={room} "
+                               f"with exception KVTransferError(bootstrap_room={room}): KV transfer stalled (injected fault transfer_stall)")
+
+    # --- decode ----------------------------------------------------------------------
+    async def _decode(self, req: GenRequest, completion: model.Completion, t0: float) -> AsyncIterator[TokenEvent]:
+        kv = self.decode_kv
+        assert kv is not None and req.bootstrap_room is not None
+        room = req.bootstrap_room
+        r = next(self._rr)
+        rank = self.ranks[r]
+        fake = req.bootstrap_host == FAKE_BOOTSTRAP_HOST
+        nbytes = self.kv_bytes(req.prompt_tokens)
+        offset: int | None = None
+        endpoint: tuple[str, int] | None = None
+        reserved = 0
+        delivered = False
+        try:
+            # prealloc queue: bootstrap, allocate, send our transfer info
+            rank.pd_queue_a += 1
+            self._gauges(r)
+            try:
+                if not fake:
+                    try:
+                        endpoint = await kv.bootstrap(req.bootstrap_host, req.bootstrap_port, room)
+                    except BootstrapError as exc:
+                        self.metrics.inc(r, "num_bootstrap_failed_reqs")
+                        msg = (f"Decode handshake failed for request rank=0 decode_req.req.rid={req.rid!r} "
+                               f"decode_req.req.bootstrap_room={room} with exception "
+                               f"KVTransferError(bootstrap_room={room}): {exc}")
+                        log.error(msg)
+                        raise EngineError(500, msg) from None
+                bootstrap_done = time.monotonic()
+                try:
+                    offset = await kv.pool.alloc(nbytes)
+                except KVError as exc:
+                    raise EngineError(400, str(exc)) from None
+                kv.pool.clear(offset, nbytes)
+                self._used_tokens += req.prompt_tokens
+                reserved = req.prompt_tokens
+                fut = None
+                if not fake:
+                    fut = kv.expect(room)
+                    try:
+                        await kv.send_transfer_info(endpoint, room, offset, nbytes)
+                    except BootstrapError as exc:
+                        self.metrics.inc(r, "num_bootstrap_failed_reqs")
+                        raise EngineError(500, f"Decode handshake failed for request rank=0 "
+                                               f"decode_req.req.rid={req.rid!r} decode_req.req.bootstrap_room={room} "
+                                               f"with exception KVTransferError(bootstrap_room={room}): {exc}") from None
+            finally:
+                rank.pd_queue_a -= 1
+            transfer_entry = time.monotonic()
+            self.metrics.observe_kv_bootstrap(
+                r, bootstrap_ms=(bootstrap_done - t0) * 1000, alloc_ms=(transfer_entry - bootstrap_done) * 1000
+            )
+            # transfer queue: wait for the KV
+            rank.pd_queue_b += 1
+            self._gauges(r)
+            try:
+                if fut is not None:
+                    try:
+                        status = await asyncio.wait_for(fut, self.sim.waiting_timeout_s)
+                    except asyncio.TimeoutError:
+                        await kv.abort(endpoint, room)
+                        self._transfer_failed(r, req, f"Request {room} timed out after "
+                                              f"{time.monotonic() - transfer_entry:.1f}s in KVPoll.WaitingForInput")
+                    if status.get("status") != "success":
+                        self._transfer_failed(r, req, str(status.get("reason") or "Failed due to an unknown reason from another rank"))
+                    if not kv.pool.check(offset, nbytes, room):
+                        self.metrics.inc(r, "num_transfer_failed_reqs")
+                        raise EngineError(500, f"KV checksum mismatch for request {req.rid} room {room}")
+                    delivered = True
+            finally:
+                rank.pd_queue_b -= 1
+                kv.forget(room)
+            # running: generate
+            rank.running += 1
+            self._gauges(r)
+            try:
+                async for ev in self._emit(req, completion, t0, r):
+                    self._used_tokens += 1
+                    reserved += 1
+                    yield ev
+            finally:
+                rank.running -= 1
+        finally:
+            kv.forget(room)
+            self._used_tokens -= reserved
+            if not delivered and not fake and endpoint is not None and offset is not None:
+                # Gave up before the KV arrived: tell the prefill (SGLang's abort notification)
+                # and hold the slot a while, since a write may still be in flight (SGLang's
+                # deferred KV release).
+                self._background(kv.abort(endpoint, room))
+                asyncio.get_running_loop().call_later(DEFERRED_RELEASE_S, kv.pool.release, offset, nbytes)
+            elif offset is not None:
+                kv.pool.release(offset, nbytes)
+            self._gauges(r)
+
+    def _transfer_failed(self, r: int, req: GenRequest, reason: str) -> None:
+        self.metrics.inc(r, "num_transfer_failed_reqs")
+        msg = (f"Decode transfer failed for request rank=0 decode_req.req.rid={req.rid!r} "
+               f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
+               f"KVTransferError(bootstrap_room={req.bootstrap_room}): {reason}")
+        log.error(msg)
+        raise EngineError(500, msg)
+
+    # --- unified ---------------------------------------------------------------------
+    async def _unified(self, req: GenRequest, completion: model.Completion, t0: float) -> AsyncIterator[TokenEvent]:
+        r = next(self._rr)
+        rank = self.ranks[r]
+        rank.queue += 1
+        self._gauges(r)
+        try:
+            await self._slots.acquire()
+        finally:
+            rank.queue -= 1
+        try:
+            self.metrics.observe_queue_time(r, time.monotonic() - t0)
+            self._used_tokens += req.prompt_tokens
+            rank.running += 1
+            self._gauges(r)
+            try:
+                await asyncio.sleep(self._sleep_s(req.prompt_tokens * self.sim.prefill_ms_per_token))
+                async for ev in self._emit(req, completion, t0, r):
+                    yield ev
+            finally:
+                rank.running -= 1
+                self._used_tokens -= req.prompt_tokens
+        finally:
+            self._slots.release()
+            self._gauges(r)
+
+    async def _emit(self, req: GenRequest, completion: model.Completion, t0: float, r: int) -> AsyncIterator[TokenEvent]:
+        n = len(completion.words)
+        last = time.monotonic()
+        for i in range(n):
+            if i:
+                await asyncio.sleep(self._sleep_s(self.sim.decode_ms_per_token))
+            now = time.monotonic()
+            if i == 0:
+                self.metrics.observe_ttft(now - t0, req.stream)
+            else:
+                self.metrics.observe_itl(now - last)
+            last = now
+            self.ranks[r].generated += 1
+            yield TokenEvent(completion.pieces[i], completion.token_ids[i], i + 1,
+                             completion.finish_reason if i == n - 1 else None)
+        if n == 0:
+            yield TokenEvent("", 0, 0, completion.finish_reason)
+
+    async def health_generate(self) -> bool:
+        """SGLang's /health_generate: a 1-token generation with a fake bootstrap host."""
+        if self.status != "Up":
+            return False
+        await asyncio.sleep(self._sleep_s(self.sim.prefill_ms_per_token))
+        return True
