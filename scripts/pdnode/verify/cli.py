@@ -1,0 +1,131 @@
+"""Command lines of the verifier (both end in the same engine, with the same options).
+
+    pdnode verify INVENTORY [--host H] [options]          (controller or node; parses the inventory)
+    python -m pdnode.verify --plan PLAN.json [options]    (the node; PLAN.json = `pdnode render --role plan`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Mapping, Sequence
+
+from .config import ConfigError, build_run
+from .engine import EXIT_CANNOT_RUN, SCHEMA, verify
+from .report import to_json, to_table
+
+EPILOG = """\
+checks, in order: services, bootstrap, prefill, decode, router, proxy, access, completion,
+correctness, disaggregation, metrics, burst, threshold.* (docs/verification.md).
+exit codes: 0 no check failed, 1 a check failed, 2 could not run.
+URLs default to the plan: router http://<node>:<router port>; prefill, decode and the
+bootstrap server on the node's loopback (not applicable when run elsewhere: use the
+--*-url options through a tunnel, or run on the node)."""
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help=f"print the report as JSON (schema {SCHEMA})")
+    p.add_argument("--skip-burst", action="store_true", help="skip the load burst and the thresholds")
+    g = p.add_argument_group("where the node is (defaults come from the plan)")
+    g.add_argument("--node-address", help="address of the node (default: ansible_host, else 127.0.0.1)")
+    g.add_argument("--base-url", help="OpenAI-compatible server root clients use, e.g. http://HOST:8000 or a "
+                                      "gateway (default: the router); /v1/chat/completions is appended")
+    g.add_argument("--router-url", help="router root for /readiness and /workers (default from the plan)")
+    g.add_argument("--prefill-url", help="prefill HTTP root, e.g. http://127.0.0.1:30000")
+    g.add_argument("--decode-url", help="decode HTTP root")
+    g.add_argument("--bootstrap-url", help="prefill bootstrap server root, e.g. http://127.0.0.1:8998")
+    g.add_argument("--router-metrics-url", help="router Prometheus listener, e.g. http://127.0.0.1:29000/metrics")
+    g = p.add_argument_group("client")
+    g.add_argument("--api-key-file", help="file holding the API key (read like the services read it: one "
+                                          "trailing newline dropped); never pass a key on the command line")
+    g.add_argument("--auth-template", default=None,
+                   help="Authorization value a client sends, with {key}; default 'Bearer {key}' "
+                        "(e.g. '{key}' reproduces a client that omits the word Bearer)")
+    g.add_argument("--max-tokens", type=int, help="tokens per request (default pdnode_verify_max_tokens)")
+    g = p.add_argument_group("time bounds")
+    g.add_argument("--timeout", type=float, help="seconds per request (default pdnode_verify_timeout_s)")
+    g.add_argument("--overall-timeout", type=float,
+                   help="seconds for the whole run (default: request timeout x (8 + burst rounds))")
+
+
+def run_with_plan(plan: Mapping[str, Any], args: argparse.Namespace, *, node_address: str | None = None,
+                  api_key_file: str | None = None, env: Mapping[str, str] | None = None) -> int:
+    try:
+        run = build_run(
+            plan, node_address=args.node_address or node_address, base_url=args.base_url,
+            router_url=args.router_url, prefill_url=args.prefill_url, decode_url=args.decode_url,
+            bootstrap_url=args.bootstrap_url, router_metrics_url=args.router_metrics_url,
+            api_key_file=args.api_key_file or api_key_file, auth_template=args.auth_template,
+            timeout_s=args.timeout, overall_s=args.overall_timeout, max_tokens=args.max_tokens,
+            skip_burst=args.skip_burst, env=os.environ if env is None else env,
+        )
+    except ConfigError as exc:
+        return _cannot_run(args, str(exc))
+    except (TypeError, ValueError) as exc:  # a plan with values of the wrong type
+        return _cannot_run(args, f"the plan is not usable: {exc}")
+    report = verify(run)
+    print(to_json(report) if args.json else to_table(report))
+    sys.stdout.flush()
+    return report.exit_code
+
+
+def _cannot_run(args: argparse.Namespace, why: str) -> int:
+    if getattr(args, "json", False):
+        print(json.dumps({"schema": SCHEMA, "ok": False, "exit_code": EXIT_CANNOT_RUN, "error": why,
+                          "checks": [], "failures": [f"could not run: {why}"], "measurements": {}}, indent=2))
+    print(f"pdnode verify: could not run: {why}", file=sys.stderr)
+    return EXIT_CANNOT_RUN
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ..inventory import InventoryError, load_inventory
+    from ..plan import PlanError, build_plan
+
+    try:
+        hv = load_inventory(args.inventory, args.host)
+        plan = build_plan(hv.variables, hv.host)
+    except InventoryError as exc:
+        return _cannot_run(args, str(exc))
+    except PlanError as exc:
+        return _cannot_run(args, "the inventory is invalid (run `pdnode check`):\n  "
+                           + "\n  ".join(str(p) for p in exc.problems))
+    conn = str(hv.variables.get("ansible_connection") or "")
+    address = None if conn == "local" else hv.variables.get("ansible_host")
+    return run_with_plan(plan.as_dict(), args, node_address=str(address) if address else None,
+                         api_key_file=plan.settings.get("pdnode_api_key_file"))
+
+
+def register(sub: Any) -> None:
+    """Add `pdnode verify` to pdnode's subcommands (called by pdnode.cli)."""
+    p = sub.add_parser("verify", help="verify a running node (exit 0 ok, 1 a check failed, 2 could not run)",
+                       description="Verify a deployed PD node through its public surface.", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inventory", help="inventory directory, e.g. inventories/gpu01")
+    p.add_argument("--host", help="host of the inventory (needed when it has several)")
+    add_options(p)
+    p.set_defaults(func=cmd_verify)
+
+
+def main_plan(argv: Sequence[str] | None = None) -> int:
+    """python -m pdnode.verify --plan PLAN.json: no inventory parsing (runs on the host)."""
+    p = argparse.ArgumentParser(prog="python -m pdnode.verify", description="Verify a deployed PD node.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--plan", required=True, help="the plan as JSON (`pdnode render INVENTORY --role plan`); "
+                                                 "- reads it from standard input")
+    add_options(p)
+    args = p.parse_args(argv)
+    try:
+        if args.plan == "-":
+            plan = json.load(sys.stdin)
+        else:
+            with open(args.plan, encoding="utf-8") as fh:
+                plan = json.load(fh)
+    except OSError as exc:
+        return _cannot_run(args, f"cannot read the plan {args.plan}: {exc.strerror}")
+    except ValueError as exc:
+        return _cannot_run(args, f"the plan {args.plan} is not JSON: {exc}")
+    if not isinstance(plan, dict):
+        return _cannot_run(args, f"the plan {args.plan} is not a JSON object")
+    return run_with_plan(plan, args)

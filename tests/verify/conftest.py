@@ -1,0 +1,83 @@
+"""Shared helpers of the verification tests: fixtures paths, a minimal plan, fake servers."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data"
+for p in (HERE, HERE.parent / "standin"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+
+def minimal_plan(router_port: int = 1, **settings: Any) -> dict[str, Any]:
+    """The parts of Plan.as_dict() the verifier reads."""
+    return {
+        "host": "test",
+        "prefill": {"host": "127.0.0.1", "port": 2, "disaggregation_bootstrap_port": 3, "tp_size": 4,
+                    "served_model_name": "m", "disaggregation_mode": "prefill"},
+        "decode": {"host": "127.0.0.1", "port": 4, "tp_size": 4, "attn_dp_size": 4, "served_model_name": "m"},
+        "router": {"host": "127.0.0.1", "port": router_port, "prometheus_host": "127.0.0.1", "prometheus_port": 5,
+                   "prefill": [["http://127.0.0.1:2", 3]], "decode": ["http://127.0.0.1:4"]},
+        "install": {"unit_prefill": "x-prefill.service", "unit_decode": "x-decode.service",
+                    "unit_router": "x-router.service"},
+        "settings": {"pdnode_verify_timeout_s": 5, "pdnode_verify_max_tokens": 4, **settings},
+    }
+
+
+Handler = Callable[[BaseHTTPRequestHandler, dict | None], tuple[int, Any]]
+
+
+@contextmanager
+def fake_server(handler: Handler) -> Iterator[str]:
+    """A local HTTP server: handler(request, json body) -> (status, body). Yields its root URL."""
+
+    class H(BaseHTTPRequestHandler):
+        def _do(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(n) if n else b""
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = None
+            status, out = handler(self, body)
+            data = out if isinstance(out, bytes) else (out.encode() if isinstance(out, str) else json.dumps(out).encode())
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _do
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def chat_answer(content: str, completion_tokens: int = 3, finish: str = "stop") -> dict[str, Any]:
+    return {"id": "x", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": completion_tokens, "total_tokens": 5 + completion_tokens}}
+
+
+@pytest.fixture
+def data_text() -> Callable[[str], str]:
+    return lambda name: (DATA / name).read_text()

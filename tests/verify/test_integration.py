@@ -1,0 +1,238 @@
+"""The verifier against a real stand-in node (tests/standin/node.py: prefill + decode
+stand-ins with Mooncake over TCP, the REAL sglang-router 0.3.2), healthy and with each
+fault made to happen for real. One node for the module (started with an API key and a
+1 s SGLANG_DISAGGREGATION_WAITING_TIMEOUT); faults are switched with POST /sim/faults
+and cleared after each test. Order matters: transfer_stall trips the router's circuit
+breaker (open for 60 s) and decode_stopped kills decode, so they run last.
+
+Set PDNODE_VERIFY_TIMINGS=FILE to get the measured times as JSON (docs/verification.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from nodeplan import plan_for
+
+from pdnode.verify.config import build_run
+from pdnode.verify.engine import Report, verify
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+KEY = "sk-node-5f1c2a9e"
+THRESHOLDS = {"ttft_p50_max_s": 1.0, "ttft_p99_max_s": 5.0, "itl_p50_max_s": 0.02, "itl_p99_max_s": 0.5,
+              "e2e_p99_max_s": 10.0, "decode_throughput_min_tok_s": 5.0, "kv_transfer_speed_min_gb_s": 0.001}
+SETTINGS = {"pdnode_verify_thresholds": THRESHOLDS, "pdnode_verify_burst_requests": 8,
+            "pdnode_verify_burst_concurrency": 4, "pdnode_verify_max_tokens": 8, "pdnode_verify_prompt_words": 128,
+            "pdnode_verify_timeout_s": 15}
+TIMINGS: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    from node import standin_node
+
+    d = tmp_path_factory.mktemp("node")
+    with standin_node(d, api_key=KEY, env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "1"}) as n:
+        TIMINGS["node_start_s"] = round(n.started_s, 2)
+        yield n
+    out = os.environ.get("PDNODE_VERIFY_TIMINGS")
+    if out:
+        Path(out).write_text(json.dumps(TIMINGS, indent=2))
+
+
+@pytest.fixture(scope="module")
+def plan(node):
+    return plan_for(node, **SETTINGS)
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    f = tmp_path / "api-key"
+    f.write_text(KEY + "\n")
+    f.chmod(0o600)
+    return str(f)
+
+
+def run_verify(plan: dict, key_file: str | None, label: str, **kw: Any) -> Report:
+    kw.setdefault("env", {})
+    t0 = time.monotonic()
+    rep = verify(build_run(plan, api_key_file=key_file, **kw))
+    TIMINGS[label] = {"wall_s": round(time.monotonic() - t0, 2), "exit_code": rep.exit_code,
+                      "failed": [c.id for c in rep.failed()], **rep.measurements.get("timing", {})}
+    return rep
+
+
+def by_id(rep: Report) -> dict[str, Any]:
+    return {c.id: c for c in rep.checks}
+
+
+def explain(rep: Report) -> str:
+    return "\n".join(f"{c.id} {c.status}: {c.evidence} | {c.hint}" for c in rep.checks)
+
+
+class faults:
+    def __init__(self, node, role: str, specs: list[str]):
+        self.node, self.role, self.specs = node, role, specs
+
+    def __enter__(self):
+        self.node.set_faults(self.role, self.specs)
+
+    def __exit__(self, *exc):
+        self.node.set_faults(self.role, [])
+
+
+def test_healthy_node_passes(node, plan, key_file):
+    rep = run_verify(plan, key_file, "healthy")
+    checks = by_id(rep)
+    assert rep.exit_code == 0, explain(rep)
+    assert checks["services"].status == "N/A"  # no systemd here
+    assert all(c.status == "PASS" for c in rep.checks if c.id != "services"), explain(rep)
+    m = rep.measurements
+    assert m["disaggregation"]["prefill_prompt_tokens"] > 0 and m["disaggregation"]["kv_transfers"] >= 3
+    assert set(m["thresholds"]) == set(THRESHOLDS) and all(t["ok"] for t in m["thresholds"].values())
+    assert m["timing"]["without_burst_s"] <= 5.0, m["timing"]
+
+
+def test_both_entry_points_agree(node, plan, key_file, tmp_path):
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan))
+    inv = tmp_path / "inv"
+    (inv / "group_vars" / "all").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(yaml.safe_dump(
+        {"all": {"hosts": {"standin": {"ansible_connection": "local", "ansible_host": "127.0.0.1"}}}}))
+    (inv / "group_vars" / "all" / "main.yml").write_text(yaml.safe_dump(plan["settings"]))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts")}
+    common = ["--json", "--skip-burst", "--api-key-file", key_file]
+    t0 = time.monotonic()
+    a = subprocess.run([sys.executable, "-m", "pdnode.verify", "--plan", str(plan_file), *common],
+                       capture_output=True, text=True, timeout=120, env=env)
+    TIMINGS["cli_plan_entry_skip_burst_s"] = round(time.monotonic() - t0, 2)
+    b = subprocess.run([sys.executable, "-m", "pdnode.cli", "verify", str(inv), *common],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert a.returncode == b.returncode == 0, a.stdout + a.stderr + b.stdout + b.stderr
+    ja, jb = json.loads(a.stdout), json.loads(b.stdout)
+    assert ja["targets"] == jb["targets"]
+    assert [(c["id"], c["status"]) for c in ja["checks"]] == [(c["id"], c["status"]) for c in jb["checks"]]
+    assert by_status(ja, "SKIP") == ["burst"] + [f"threshold.{k}" for k in THRESHOLDS]
+
+
+def by_status(j: dict, status: str) -> list[str]:
+    return [c["id"] for c in j["checks"] if c["status"] == status]
+
+
+def test_wrong_api_key(node, plan, tmp_path):
+    wrong = tmp_path / "wrong"
+    wrong.write_text("sk-not-the-node-key\n")
+    rep = run_verify(plan, str(wrong), "wrong_api_key", skip_burst=True)
+    checks = by_id(rep)
+    assert rep.exit_code == 1
+    assert rep.failed() == [checks["access"]], explain(rep)
+    assert "HTTP 401" in checks["access"].evidence and "not the key the endpoint expects" in checks["access"].evidence
+    assert "sk-not" not in checks["access"].evidence
+    assert checks["prefill"].status == "SKIP" and "API key was refused" in checks["prefill"].evidence
+    assert checks["completion"].evidence == "skipped: because the API key was refused (see access)"
+
+
+def test_bearer_missing_against_the_standin_itself(node, plan, key_file):
+    # The stand-in (SGLang's auth) as the OpenAI endpoint, a client that omits "Bearer".
+    run = build_run(plan, api_key_file=key_file, base_url=node.decode_url, auth_template="{key}", env={})
+    from pdnode.verify.checks import Ctx, check_access
+
+    res = check_access(Ctx(run))
+    assert res.status == "FAIL" and "without the word 'Bearer'" in res.evidence, res
+
+
+def test_proxy_variable_set(node, plan, key_file):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    rep = run_verify(plan, key_file, "proxy_variable", skip_burst=True,
+                     env={"http_proxy": f"http://127.0.0.1:{dead}"})
+    checks = by_id(rep)
+    assert rep.exit_code == 1 and rep.failed() == [checks["proxy"]], explain(rep)
+    assert f"http_proxy=http://127.0.0.1:{dead}" in checks["proxy"].evidence
+    assert "NO_PROXY=127.0.0.1" in checks["proxy"].hint
+    assert checks["completion"].status == "PASS"  # the node itself is fine
+
+
+def test_bootstrap_down(node, plan, key_file):
+    with faults(node, "prefill", ["bootstrap_down"]):
+        rep = run_verify(plan, key_file, "bootstrap_down", skip_burst=True)
+    checks = by_id(rep)
+    assert rep.exit_code == 1 and checks["bootstrap"].status == "FAIL", explain(rep)
+    assert "connection refused" in checks["bootstrap"].evidence and "bootstrap server" in checks["bootstrap"].hint
+    assert checks["completion"].evidence == "skipped: because bootstrap failed"
+    assert checks["access"].status == "SKIP"
+    _wait_ok(node.bootstrap_url + "/health")
+
+
+def _wait_ok(url: str, timeout: float = 10.0) -> None:
+    import urllib.request
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{url} did not come back")
+
+
+def test_metric_renamed(node, plan, key_file):
+    with faults(node, "decode", ["rename_metric"]):
+        rep = run_verify(plan, key_file, "metric_renamed")
+    checks = by_id(rep)
+    assert rep.exit_code == 1 and rep.failed() == [checks["metrics"]], explain(rep)
+    ev = checks["metrics"].evidence
+    assert "decode lacks sglang:e2e_request_latency_seconds (needed by threshold e2e_p99_max_s)" in ev
+    assert "sglang:request_e2e_latency_seconds" in ev
+    assert checks["threshold.e2e_p99_max_s"].status == "SKIP"
+    assert checks["threshold.itl_p50_max_s"].status == "PASS"
+
+
+def test_decode_slow_breaks_itl(node, plan, key_file):
+    with faults(node, "decode", ["slow:25"]):
+        rep = run_verify(plan, key_file, "decode_slow")
+    checks = by_id(rep)
+    assert rep.exit_code == 1 and checks["threshold.itl_p50_max_s"].status == "FAIL", explain(rep)
+    assert "> 20.0 ms (limit)" in checks["threshold.itl_p50_max_s"].evidence
+    assert "decode is slow" in checks["threshold.itl_p50_max_s"].hint
+    assert all(checks[k].status == "PASS" for k in ("bootstrap", "prefill", "decode", "router", "completion",
+                                                    "disaggregation", "metrics", "burst"))
+
+
+def test_transfer_stalled(node, plan, key_file):
+    with faults(node, "prefill", ["transfer_stall"]):
+        rep = run_verify(plan, key_file, "transfer_stall", skip_burst=True)
+    checks = by_id(rep)
+    assert rep.exit_code == 1, explain(rep)
+    assert checks["disaggregation"].status == "FAIL" and "KV transfers failed" in checks["disaggregation"].evidence
+    assert "WAITING_TIMEOUT" in checks["disaggregation"].hint
+    assert checks["completion"].status == "FAIL" and "did not reach decode" in checks["completion"].hint
+    # a second run finds the router's circuit breaker open (a real 0.3.2 behaviour)
+    rep2 = run_verify(plan, key_file, "after_transfer_stall", skip_burst=True)
+    assert "circuit breaker open" in by_id(rep2)["router"].evidence, explain(rep2)
+
+
+def test_decode_stopped(node, plan, key_file):
+    proc = node.procs["decode"]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    rep = run_verify(plan, key_file, "decode_stopped", skip_burst=True)
+    checks = by_id(rep)
+    assert rep.exit_code == 1 and checks["decode"].status == "FAIL", explain(rep)
+    assert "connection refused" in checks["decode"].evidence and "decode is not running" in checks["decode"].hint
+    assert checks["completion"].evidence == "skipped: because decode failed"

@@ -1,0 +1,128 @@
+"""Report schema, exit codes, and the two entry points (pdnode verify INVENTORY and
+python -m pdnode.verify --plan) on a node that cannot be reached or bad arguments."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import minimal_plan
+
+from pdnode.verify import SCHEMA
+from pdnode.verify.checks import FAIL, NA, PASS, SKIP, CheckResult, Result, all_checks, gate
+from pdnode.verify.config import build_run
+from pdnode.verify.engine import Report, verify
+from pdnode.verify.report import summary_lines, to_json, to_table
+
+REPO = Path(__file__).resolve().parents[2]
+CHECK_KEYS = {"id", "title", "status", "evidence", "hint", "duration_s"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def report_with(*statuses: str) -> Report:
+    r = Report(host="h", targets={"router_url": "http://x", "base_url": "http://x", "on_node": True},
+               timeouts={"request_s": 5.0, "overall_s": 50.0})
+    r.checks = [CheckResult(f"c{i}", "t", s, "ev", "hint", 0.1) for i, s in enumerate(statuses)]
+    return r
+
+
+def test_exit_codes():
+    assert report_with(PASS, NA, PASS).exit_code == 0
+    assert report_with(PASS, SKIP).exit_code == 0  # --skip-burst
+    assert report_with(PASS, FAIL, SKIP).exit_code == 1
+    r = report_with(PASS)
+    r.error = "node unreachable"
+    assert r.exit_code == 2 and not r.ok
+
+
+def test_json_schema_is_stable():
+    d = json.loads(to_json(report_with(PASS, FAIL)))
+    assert d["schema"] == SCHEMA == "pdnode.verify/1"
+    assert {"schema", "ok", "exit_code", "error", "host", "started_at", "duration_s", "timeouts", "targets",
+            "summary", "checks", "failures", "measurements"} <= set(d)
+    assert all(set(c) == CHECK_KEYS for c in d["checks"])
+    assert d["summary"] == {"PASS": 1, "FAIL": 1, "SKIP": 0, "N/A": 0}
+    assert d["ok"] is False and d["exit_code"] == 1
+
+
+def test_table_and_summary_lines():
+    r = report_with(PASS, FAIL)
+    text = to_table(r, width=100)
+    assert "c1" in text and "FAIL" in text and "hint: hint" in text and "exit code 1" in text
+    assert "5 s per request, 50 s overall" in text
+    assert summary_lines(r) == ["c1: ev -- hint: hint"] == json.loads(to_json(r))["failures"]
+
+
+def test_gate_skips_and_propagates_the_cause():
+    checks = {c.id: c for c in all_checks(build_run(minimal_plan(), env={}))}
+    res = {"bootstrap": CheckResult("bootstrap", "", FAIL, "", "", 0), "prefill": CheckResult("prefill", "", PASS, "", "", 0),
+           "decode": CheckResult("decode", "", PASS, "", "", 0), "router": CheckResult("router", "", PASS, "", "", 0),
+           "access": CheckResult("access", "", SKIP, "", "", 0, "bootstrap failed")}
+    g = gate(checks["completion"], res)
+    assert g.status == SKIP and g.evidence == "skipped: because bootstrap failed"
+    res["completion"] = CheckResult("completion", "", SKIP, "", "", 0, "bootstrap failed")
+    assert gate(checks["burst"], res).evidence == "skipped: because bootstrap failed"
+    res["completion"] = CheckResult("completion", "", FAIL, "", "", 0)
+    assert gate(checks["disaggregation"], res) is None  # explains a failed completion
+    res["decode"] = CheckResult("decode", "", NA, "remote", "", 0)
+    assert gate(checks["disaggregation"], res).status == NA
+    assert isinstance(gate(checks["metrics"], res), Result)
+
+
+def test_unreachable_node_exits_2():
+    port = free_port()
+    run = build_run(minimal_plan(router_port=port), env={}, prefill_url=f"http://127.0.0.1:{free_port()}",
+                    decode_url=f"http://127.0.0.1:{free_port()}", bootstrap_url=f"http://127.0.0.1:{free_port()}")
+    rep = verify(run)
+    assert rep.exit_code == 2 and "node unreachable" in rep.error and "connection refused" in rep.error
+    assert all(c.status == SKIP for c in rep.checks)
+
+
+def _module(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pdnode.verify", *args], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+
+
+def test_plan_entry_unreachable_json(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(minimal_plan(router_port=free_port())))
+    proc = _module("--plan", str(plan), "--json", "--timeout", "2")
+    assert proc.returncode == 2, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["exit_code"] == 2 and d["ok"] is False and "unreachable" in d["error"]
+
+
+def test_bad_arguments_exit_2(tmp_path):
+    assert _module().returncode == 2  # --plan missing (argparse)
+    proc = _module("--plan", str(tmp_path / "nope.json"))
+    assert proc.returncode == 2 and "cannot read the plan" in proc.stderr
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(minimal_plan()))
+    proc = _module("--plan", str(plan), "--timeout", "0")
+    assert proc.returncode == 2 and "must be positive" in proc.stderr
+    proc = _module("--plan", str(plan), "--auth-template", "Bearer")
+    assert proc.returncode == 2 and "{key}" in proc.stderr
+    proc = _module("--plan", str(plan), "--api-key-file", str(tmp_path / "missing"), "--json")
+    assert proc.returncode == 2 and "cannot read the API key file" in json.loads(proc.stdout)["error"]
+
+
+def test_inventory_entry(tmp_path):
+    from pdnode.cli import main
+
+    assert main(["verify", str(tmp_path / "no-inventory")]) == 2
+    # the demo inventory's node is a container name that does not resolve here
+    assert main(["verify", str(REPO / "inventories/demo"), "--json", "--timeout", "2"]) == 2
+
+
+def test_remote_targets_are_not_applicable():
+    run = build_run(minimal_plan(), node_address="192.0.2.10", env={})  # TEST-NET: never local
+    assert not run.targets.on_node and run.targets.prefill_url is None and run.targets.router_metrics_url is None
+    assert run.targets.router_url == "http://192.0.2.10:1"
