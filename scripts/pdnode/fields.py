@@ -70,6 +70,9 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_router_metrics_port", "int", 29000, "router Prometheus listener port"),
     _F("pdnode_router_policy", "str", "cache_aware", "random | round_robin | cache_aware | power_of_two"),
     _F("pdnode_router_worker_startup_timeout_s", "int", 1800, "how long the router waits for workers"),
+    _F("pdnode_router_circuit_open_s", "int", 5,
+       "seconds a tripped circuit breaker stays open (router default 60: one prefill and one "
+       "decode have no other worker to fail over to, so a long open circuit only prolongs an outage)"),
     _F("pdnode_router_extra_args", "dict", {}, "more sglang-router arguments (underscored names)"),
     # Environment of the engines (SGLANG_*, MC_*, ...), common to prefill and decode
     _F("pdnode_engine_environment", "dict", {}, "extra environment for prefill and decode"),

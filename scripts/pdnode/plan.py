@@ -49,6 +49,7 @@ OWNED_ROUTER_ARGS = {
     "port": "pdnode_router_port", "prometheus_host": "pdnode_router_metrics_host",
     "prometheus_port": "pdnode_router_metrics_port", "policy": "pdnode_router_policy",
     "worker_startup_timeout_secs": "pdnode_router_worker_startup_timeout_s",
+    "cb_timeout_duration_secs": "pdnode_router_circuit_open_s",
     "api_key": "(a secret file, never a variable)",
 }
 # With DP attention and no --dist-init-addr, decode binds port+233 .. port+239 itself.
@@ -500,6 +501,7 @@ def _derive(v: dict[str, Any], ib_map: dict[int, str], ports: dict[str, int],
         "prometheus_port": v["pdnode_router_metrics_port"],
         "policy": v["pdnode_router_policy"],
         "worker_startup_timeout_secs": v["pdnode_router_worker_startup_timeout_s"],
+        "cb_timeout_duration_secs": v["pdnode_router_circuit_open_s"],
     }
     router.update(v["pdnode_router_extra_args"])
     env_common = {"HF_HUB_OFFLINE": "1", **{str(k): str(val) for k, val in v["pdnode_engine_environment"].items()}}

@@ -18,8 +18,10 @@ def curl(host, url, data=None, timeout=20):
     cmd = f"curl -sS --max-time {timeout} -w '\\n%{{http_code}}' "
     if data is not None:
         cmd += f"-H 'Content-Type: application/json' -d '{json.dumps(data)}' "
-    out = host.check_output(cmd + f"'{url}'")
-    body, _, code = out.rpartition("\n")
+    result = host.run(cmd + f"'{url}'")
+    if result.rc != 0:  # connection refused, timed out: no HTTP status at all
+        return 0, result.stderr
+    body, _, code = result.stdout.rpartition("\n")
     return int(code), body
 
 
@@ -105,10 +107,13 @@ def _wait_serving(host, deadline_s=60):
 def test_kill_9_recovers(host, role):
     unit = f"{PREFIX}-{role}.service"
     old = host.check_output(f"systemctl show -p MainPID --value {unit}")
+    old_decode = host.check_output(f"systemctl show -p MainPID --value {UNITS[1]}")
     host.check_output(f"kill -9 {old}")
     took = _wait_serving(host)
     new = host.check_output(f"systemctl show -p MainPID --value {unit}")
     assert new not in ("0", old)
+    if role == "prefill":  # decode is bound to prefill: it must have been restarted too
+        assert host.check_output(f"systemctl show -p MainPID --value {UNITS[1]}") not in ("0", old_decode)
     print(f"recovery after kill -9 of {role}: {took:.1f} s")
 
 
