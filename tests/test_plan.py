@@ -99,7 +99,7 @@ CASES = [
     ),
     pytest.param(
         {'pdnode_transfer_backend': 'mooncake_tcp'},
-        ["pdnode_ib_devices={0: 'mlx5_0', 1: 'mlx5_1', 2: 'mlx5_2', 3: 'mlx5_3', 4: 'mlx5_4', 5: 'mlx5_5', 6: 'mlx5_6', 7: 'mlx5_7'}: RDMA devices cannot be used with pdnode_transfer_backend='mooncake_tcp' (SGLang refuses --disaggregation-ib-device there). Fix: remove pdnode_ib_devices, or use the mooncake backend over RDMA."],
+        ["pdnode_ib_devices={0: 'mlx5_0', 1: 'mlx5_1', 2: 'mlx5_2', 3: 'mlx5_3', 4: 'mlx5_4', 5: 'mlx5_5', 6: 'mlx5_6', 7: 'mlx5_7'}: RDMA devices cannot be used with pdnode_transfer_backend='mooncake_tcp' (SGLang silently drops --disaggregation-ib-device there, so the mapping would do nothing). Fix: remove pdnode_ib_devices, or use the mooncake backend over RDMA."],
         id='ib_tcp',
     ),
     pytest.param(

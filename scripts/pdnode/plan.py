@@ -308,7 +308,7 @@ def _check_transfer(c: _Checker, backend: Any, ib: Any, used_gpus: list[int]) ->
         return {}
     if backend not in IB_DEVICE_BACKENDS:
         c.error("pdnode_ib_devices", ib, f"RDMA devices cannot be used with pdnode_transfer_backend={backend!r} "
-                "(SGLang refuses --disaggregation-ib-device there)",
+                "(SGLang silently drops --disaggregation-ib-device there, so the mapping would do nothing)",
                 "remove pdnode_ib_devices, or use the mooncake backend over RDMA")
         return {}
     mapping: dict[int, str] = {}
