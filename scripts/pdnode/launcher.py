@@ -35,10 +35,11 @@ import json
 import os
 import re
 import shlex
-import stat
 import sys
 import tempfile
 import traceback
+
+from .secrets import SecretError, read_secret_file
 
 SGLANG_VERSION = "0.5.23"
 
@@ -218,43 +219,11 @@ def load_serverargs(path: str) -> dict:
 
 
 def read_api_key(path: str) -> str:
-    """The key in PATH: one trailing newline stripped; refuses unsafe or empty files."""
+    """The key in PATH (see pdnode.secrets): refuses unsafe or empty files."""
     try:
-        # O_NONBLOCK: a FIFO planted at PATH must not hang the launcher
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise LaunchError(f"cannot read API key file {path}: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise LaunchError(f"API key file {path} is not a regular file")
-        if st.st_mode & 0o077:
-            raise LaunchError(
-                f"API key file {path} is accessible by group/other "
-                f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it"
-            )
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(65537)
-    finally:
-        os.close(fd)
-    if len(raw) > 65536:
-        raise LaunchError(f"API key file {path} is too large to hold one key")
-    try:
-        key = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise LaunchError(f"API key file {path} is not UTF-8 text") from None
-    if key.endswith("\n"):
-        key = key[:-1]
-        if key.endswith("\r"):
-            key = key[:-1]
-    if not key:
-        raise LaunchError(f"API key file {path} is empty")
-    if any(c.isspace() or not c.isprintable() for c in key):
-        raise LaunchError(
-            f"API key file {path}: the key contains whitespace or control characters "
-            "(one key, optionally followed by one newline)"
-        )
-    return key
+        return read_secret_file(path)
+    except SecretError as exc:
+        raise LaunchError(str(exc).replace("secret file", "API key file")) from None
 
 
 def config_dir() -> str:

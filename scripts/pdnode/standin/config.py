@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from .faults import FaultError, parse_faults
 from ..plan import known_server_args
+from ..secrets import SecretError, read_secret_file
 
 TRANSFER_BACKENDS = ("mooncake", "mooncake_tcp")
 REDACTED_FIELDS = ("ssl_keyfile_password", "watermark_key", "watermark_key_b")  # never in /server_info
@@ -289,13 +290,11 @@ def load_sim_settings(env: Mapping[str, str] | None = None) -> SimSettings:
 
 
 def read_api_key(path: str | os.PathLike[str]) -> str:
+    """The key in PATH, read exactly as the launcher reads it (pdnode.secrets)."""
     try:
-        key = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read API key file {path}: {exc.strerror}") from None
-    if not key:
-        raise ConfigError(f"API key file {path} is empty")
-    return key
+        return read_secret_file(os.fspath(path))
+    except SecretError as exc:
+        raise ConfigError(str(exc).replace("secret file", "API key file")) from None
 
 
 def model_identity(model_path: str) -> tuple[str, list[str]]:
