@@ -22,8 +22,10 @@ if not (target / "pdnode" / "__init__.py").is_file():
     partial = src / f".partial-{bundle_id}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
+    # Our own tarball; the "data" filter where this Python has it (3.11.4+; Debian 12 has 3.11.2).
+    safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     with tarfile.open(tarball) as tar:
-        tar.extractall(partial, filter="data")
+        tar.extractall(partial, **safe)
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     changed = True
