@@ -1,7 +1,7 @@
 """Conformance tests: ServerArgs dicts judged by SGLang 0.5.23's own validation.
 
 The judge is `pdnode.launcher --check`, run by the Python of the environment that
-`scripts/sglang-validator` builds (.cache/sglang-validator: Python 3.11, CPU torch,
+`scripts/sglang-validator` builds (~/.cache/pdnode/sglang-validator: Python 3.11, CPU torch,
 sglang --no-deps). Building it takes a few minutes the first time and well under a
 second afterwards. If it cannot be built the tests fail -- they are never skipped:
 a conformance suite that quietly does not run proves nothing.

@@ -6,7 +6,7 @@ module level while it resolves server arguments. Nothing in argument validation
 transforms an image, so this stand-in only has to import: every name exists, and
 using one raises at once instead of computing a wrong answer.
 
-This package is put on sys.path only inside .cache/sglang-validator (a .pth file
+This package is put on sys.path only inside the validator env (~/.cache/pdnode/sglang-validator, a .pth file
 written by scripts/sglang-validator); it never reaches a GPU host.
 """
 

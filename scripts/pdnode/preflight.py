@@ -1,0 +1,369 @@
+"""Preflight judgement: host facts + what the plan needs -> problems, one line each.
+
+``judge(facts, expect)`` is the only place that decides whether a host can take the
+plan. ``facts`` comes from :func:`pdnode.hostfacts.collect`; ``expect`` from
+:func:`expectations` (the plan, with explicit overrides). Nothing here touches the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .hostfacts import GOOD_NIC_LINKS
+
+DEFAULT_SUPPORTED_OS = ("ubuntu 22.04", "ubuntu 24.04", "debian 12")
+RDMA_BACKENDS = ("mooncake", "nixl")
+SEVERITIES = ("error", "warning")
+
+
+@dataclass(frozen=True)
+class Problem:
+    severity: str  # error | warning
+    check: str     # e.g. gpu.count, port.30000
+    value: Any
+    rule: str
+    fix: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.severity.upper()} {self.check}={_show(self.value)}: {self.rule}. Fix: {self.fix}."
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "line": self.line}
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+# --- expectations ---------------------------------------------------------------------
+
+EXPECT_KEYS = ("gpu_count", "gpu_model", "driver_branch", "gpu_ids", "ports", "nics",
+               "transfer_backend", "model_path", "own_unit_prefix", "supported_os",
+               "require_systemd", "min_free_disk_gb", "check_cuda", "engine")
+
+
+def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan (``Plan.as_dict()`` / the ``pdnode_plan`` filter) -> what the host must offer.
+
+    ``overrides`` win over the plan where they are not None, so an inventory without a
+    full plan (a one-GPU test host) can give the expectations directly.
+    """
+    exp: dict[str, Any] = {k: None for k in EXPECT_KEYS}
+    if plan:
+        s = plan.get("settings") or {}
+        gpus = plan.get("gpus") or {}
+        nics = plan.get("nics")
+        if nics is None:
+            nics = s.get("pdnode_ib_devices") or {}
+        exp.update({
+            "gpu_count": s.get("pdnode_gpu_count"),
+            "gpu_model": s.get("pdnode_gpu_model"),
+            "driver_branch": s.get("pdnode_driver_branch"),
+            "gpu_ids": sorted({int(g) for ids in gpus.values() for g in ids}),
+            "ports": dict(plan.get("ports") or {}),
+            "nics": {str(k): v for k, v in (nics or {}).items()},
+            "transfer_backend": s.get("pdnode_transfer_backend"),
+            "model_path": s.get("pdnode_model_path"),
+            "own_unit_prefix": s.get("pdnode_service_prefix"),
+            "engine": (plan.get("install") or {}).get("engine"),
+        })
+    for key, value in (overrides or {}).items():
+        if key not in EXPECT_KEYS:
+            raise ValueError(f"unknown preflight expectation {key!r} (known: {', '.join(EXPECT_KEYS)})")
+        if value is not None:
+            exp[key] = _coerce(key, value)
+    if exp["nics"]:
+        exp["nics"] = {str(k): v for k, v in exp["nics"].items()}
+    if exp["supported_os"] is None:
+        exp["supported_os"] = list(DEFAULT_SUPPORTED_OS)
+    if exp["require_systemd"] is None:
+        exp["require_systemd"] = True
+    if exp["check_cuda"] is None:
+        exp["check_cuda"] = True
+    return exp
+
+
+_INTS = ("gpu_count", "driver_branch")
+_BOOLS = ("require_systemd", "check_cuda")
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Values given on the command line (``-e key=value``) arrive as strings."""
+    try:
+        if key in _INTS:
+            return int(value)
+        if key == "min_free_disk_gb":
+            return float(value)
+        if key == "gpu_ids":
+            return [int(g) for g in value]
+        if key in _BOOLS and isinstance(value, str):
+            low = value.strip().lower()
+            if low in ("true", "yes", "on", "1"):
+                return True
+            if low in ("false", "no", "off", "0", ""):
+                return False
+            raise ValueError(value)
+        if key == "ports":
+            return {str(k): int(v) for k, v in dict(value).items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"preflight expectation {key}={value!r} has the wrong type") from None
+    return value
+
+
+# --- the checks -------------------------------------------------------------------------
+
+class _J:
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def error(self, check: str, value: Any, rule: str, fix: str) -> None:
+        self.problems.append(Problem("error", check, value, rule, fix))
+
+    def warn(self, check: str, value: Any, rule: str, fix: str) -> None:
+        self.problems.append(Problem("warning", check, value, rule, fix))
+
+
+def _os(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
+    os_ = facts.get("os") or {}
+    dist = str(os_.get("id") or "").lower()
+    version = str(os_.get("version") or "")
+    major = str(os_.get("major") or version.split(".")[0])
+    supported = [s.lower() for s in exp["supported_os"]]
+    if f"{dist} {version}" not in supported and f"{dist} {major}" not in supported:
+        j.error("os", f"{dist} {version}".strip(), f"is not a supported OS ({', '.join(exp['supported_os'])})",
+                "install a supported release; the NVIDIA repository URL and the package names depend on it")
+
+
+def _init(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
+    init = facts.get("init") or {}
+    if exp["require_systemd"] and init.get("pid1") != "systemd" and not init.get("systemd_booted"):
+        j.error("init.pid1", init.get("pid1"), "systemd is not PID 1 (no /run/systemd/system): the node's "
+                "services are systemd units", "run on a host booted with systemd (in a container: systemd as PID 1)")
+
+
+def _gpus(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> int | None:
+    drv = facts.get("driver") or {}
+    gpus = facts.get("gpus") or []
+    pci_count = (facts.get("pci") or {}).get("nvidia_gpus")
+    if drv.get("present") and (gpus or facts.get("gpu_errors")):
+        count, source = len(gpus) + len(facts.get("gpu_errors") or []), "nvidia-smi"
+    else:
+        count, source = pci_count, "PCI scan, no NVIDIA driver loaded"
+    for line in facts.get("gpu_errors") or []:
+        j.error("gpu.nvidia_smi", line, "nvidia-smi cannot query a GPU",
+                "check `nvidia-smi -q` and dmesg (Xid errors); reset or reseat the GPU, then re-run the preflight")
+    if drv.get("error") and not gpus and drv.get("present"):
+        j.error("driver.nvidia_smi", drv["error"], "the NVIDIA driver is installed but nvidia-smi fails",
+                "load the driver (reboot after an install or upgrade), see docs/runbooks/driver-and-fabric.md")
+    expected = exp["gpu_count"]
+    if expected is not None and count is not None and count != expected:
+        missing = [g for g in (exp["gpu_ids"] or []) if g >= count]
+        extra = f"; the plan uses GPU ids {missing} that do not exist" if missing else ""
+        j.error("gpu.count", count, f"the host has {count} NVIDIA GPU(s) ({source}) but the inventory expects "
+                f"{expected} (pdnode_gpu_count){extra}",
+                "run against the right host, or correct pdnode_gpu_count and the prefill/decode GPU lists")
+    elif count is not None and exp["gpu_ids"]:
+        missing = [g for g in exp["gpu_ids"] if g >= count]
+        if missing:
+            j.error("gpu.ids", missing, f"the plan uses GPU ids that do not exist on a host with {count} GPU(s)",
+                    f"use GPU ids 0..{count - 1} in pdnode_prefill_gpus/pdnode_decode_gpus")
+    want = exp["gpu_model"]
+    if want and gpus:
+        wrong = sorted({g["name"] for g in gpus if (g.get("name") or "").lower() != want.lower()})
+        if wrong:
+            j.error("gpu.model", ", ".join(str(w) for w in wrong), f"GPU model differs from pdnode_gpu_model={want!r}",
+                    "set pdnode_gpu_model to the exact name nvidia-smi prints, or use the right host")
+    for g in gpus:
+        if g.get("mig_mode") == "Enabled":
+            j.error(f"gpu{g['index']}.mig", "Enabled", "MIG is enabled: SGLang needs whole GPUs",
+                    f"disable it: nvidia-smi -i {g['index']} -mig 0, then reset the GPU")
+    off = [g["index"] for g in gpus if g.get("persistence_mode") == "Disabled"]
+    if off:
+        j.warn("gpu.persistence_mode", off, "persistence mode is off on these GPUs (slow first CUDA call, "
+               "lost state between jobs)", "run the provision phase (nvidia_driver enables nvidia-persistenced)")
+    return count if drv.get("present") and gpus else None
+
+
+def _driver(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
+    drv = facts.get("driver") or {}
+    branch = exp["driver_branch"]
+    if not drv.get("present"):
+        j.warn("driver", None, "no NVIDIA driver is loaded: GPU model, fabric and CUDA cannot be checked yet",
+               "the provision phase installs the pinned branch; run the preflight again after its reboot")
+        return
+    if branch is not None and drv.get("branch") != int(branch):
+        j.error("driver.version", drv.get("version"), f"the loaded driver is not on the pinned branch {branch} "
+                "(pdnode_driver_branch)", f"switch with the nvidia_driver role (pins branch {branch}) and reboot, "
+                "or pin the branch the host runs")
+
+
+def _fabric(j: _J, facts: dict[str, Any]) -> None:
+    """NVLink fabric. The fabric manager runs where the NVSwitches are visible; in a VM
+    given an NVSwitch partition (seen on a 2-GPU H200 machine) the switches are managed
+    outside and only the GPUs' fabric state tells: judge it wherever a GPU reports one."""
+    if not (facts.get("driver") or {}).get("present"):
+        return
+    switches = (facts.get("nvswitch") or {}).get("present")
+    if switches:
+        state = (facts.get("fabricmanager") or {}).get("state")
+        if state != "active":
+            j.error("fabricmanager", state, "the host has NVSwitches but nvidia-fabricmanager is not active: "
+                    "CUDA fails on every GPU until the fabric is up",
+                    "install nvidia-fabricmanager at exactly the driver version and start it "
+                    "(docs/runbooks/driver-and-fabric.md)")
+    for g in facts.get("gpus") or []:
+        fab = g.get("fabric") or {}
+        if fab.get("state") is None and not switches:
+            continue  # a PCIe GPU without NVLink fabric: nothing to register
+        if fab.get("state") != "Completed":
+            j.error(f"gpu{g['index']}.fabric.state", fab.get("state"), "the GPU has not finished NVLink fabric "
+                    "registration (nvidia-smi -q, Fabric: State must be Completed)",
+                    "check nvidia-fabricmanager's journal; restart it, and reset the GPUs if it stays In Progress")
+        elif fab.get("status") not in (None, "Success"):
+            j.error(f"gpu{g['index']}.fabric.status", fab.get("status"), "fabric registration completed with an "
+                    "error", "read `journalctl -u nvidia-fabricmanager`; driver and fabric manager versions must match")
+
+
+def _cuda(j: _J, facts: dict[str, Any], exp: dict[str, Any], smi_count: int | None) -> None:
+    cuda = facts.get("cuda") or {}
+    if not exp["check_cuda"] or cuda.get("skipped") or not (facts.get("driver") or {}).get("present"):
+        return
+    if not cuda.get("ok"):
+        j.error("cuda.init", cuda.get("error"), "CUDA does not initialise (cuInit through libcuda)",
+                "see docs/runbooks/driver-and-fabric.md: driver/library mismatch, fabric manager, or a reboot pending")
+        return
+    n = cuda.get("device_count")
+    if smi_count is not None and n != smi_count:
+        j.error("cuda.device_count", n, f"CUDA sees {n} device(s) but nvidia-smi lists {smi_count}",
+                "look for CUDA_VISIBLE_DEVICES in the environment, or a GPU that fails to initialise (dmesg Xid)")
+    for d in cuda.get("devices") or []:
+        if not d.get("ok"):
+            j.error(f"cuda.device{d.get('ordinal')}", d.get("error"), "a CUDA context cannot be created on this GPU",
+                    "check dmesg for Xid errors and nvidia-smi -q for this GPU; reset it")
+
+
+def _nics(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
+    backend = exp["transfer_backend"]
+    ib = facts.get("infiniband") or {}
+    nics = exp["nics"] or {}
+    if backend in RDMA_BACKENDS and not nics and not ib:
+        j.error("rdma.devices", 0, f"pdnode_transfer_backend={backend!r} moves the KV cache over RDMA but the host "
+                "has no RDMA device (/sys/class/infiniband is empty)",
+                "install/enable the NICs and the rdma role, or use pdnode_transfer_backend: mooncake_tcp")
+        return
+    if backend not in RDMA_BACKENDS or not nics:
+        return
+    topo_rank = facts.get("nic_ranking") or {}
+    links = (facts.get("topology") or {}).get("links") or {}
+    names = (facts.get("topology") or {}).get("nic_names") or {}
+    column_of = {name: col for col, name in names.items()}
+    for gpu, devs in sorted(nics.items(), key=lambda kv: int(kv[0])):
+        for dev in [d.strip() for d in str(devs).split(",") if d.strip()]:
+            field = f"nic.{dev}"
+            if dev not in ib:
+                j.error(field, dev, f"RDMA device for GPU {gpu} (pdnode_ib_devices) does not exist under "
+                        f"/sys/class/infiniband (present: {', '.join(sorted(ib)) or 'none'})",
+                        "correct pdnode_ib_devices, or install the NIC driver (rdma role)")
+                continue
+            ports = ib[dev]
+            if not any(p.get("state") == "ACTIVE" for p in ports.values()):
+                states = ", ".join(f"port {n}: {p.get('state')}/{p.get('phys_state')}" for n, p in sorted(ports.items()))
+                j.error(field, states, f"RDMA device for GPU {gpu} has no ACTIVE port",
+                        "check the cable and the subnet manager (ibstat; `sminfo` on InfiniBand), then re-run")
+            link = links.get(f"GPU{gpu}", {}).get(column_of.get(dev, dev))
+            if link is None:
+                j.warn(field, None, f"`nvidia-smi topo -m` does not place {dev} relative to GPU {gpu}",
+                       "check the NIC legend of `nvidia-smi topo -m` and pdnode_ib_devices")
+            elif link not in GOOD_NIC_LINKS:
+                best = (topo_rank.get(str(gpu)) or [{}])[0]
+                hint = f"; the closest NIC is {best.get('nic')} ({best.get('link')})" if best.get("nic") else ""
+                j.warn(field, link, f"GPU {gpu} -> {dev} crosses {link} (not behind the GPU's PCIe switch: "
+                       f"PIX/PXB){hint}", f"map GPU {gpu} to its closest NIC in pdnode_ib_devices")
+
+
+def _memlock(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
+    mem = facts.get("memlock") or {}
+    if exp["transfer_backend"] in RDMA_BACKENDS and mem.get("known") and mem.get("soft") is not None:
+        j.warn("memlock", mem["soft"], "the locked-memory limit is not unlimited: RDMA memory registration of the "
+               "KV cache fails (the units set LimitMEMLOCK=infinity; tools run by hand use this limit)",
+               "apply the rdma role (limits.d for the service user) and log in again")
+
+
+def _ports(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
+    prefix = exp["own_unit_prefix"]
+    by_port: dict[int, list[dict[str, Any]]] = {}
+    for s in facts.get("listeners") or []:
+        by_port.setdefault(int(s["port"]), []).append(s)
+    for name, port in sorted((exp["ports"] or {}).items(), key=lambda kv: kv[1]):
+        for s in by_port.get(int(port), []):
+            unit = s.get("unit")
+            if prefix and unit and unit.startswith(f"{prefix}-"):
+                continue  # our own service holds it: a re-deploy
+            uid_units = s.get("uid_units") or []
+            if prefix and not unit and uid_units and all(u.startswith(f"{prefix}-") for u in uid_units):
+                continue  # owner unreadable, but its uid runs only our services
+            who = (f"pid {s['pid']}" + (f", unit {unit}" if unit else "")) if s.get("pid") else "owner unknown"
+            j.error(f"port.{port}", f"{s['address']}:{port}", f"the port {name} needs is already in use ({who})",
+                    f"stop that process or choose another port for {name}")
+            break
+
+
+def _model(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
+    path = exp["model_path"]
+    if not path:
+        return
+    m = facts.get("model") or {}
+    if not m.get("exists"):
+        j.error("model.path", path, "the model directory does not exist on the host (pdnode_model_path)",
+                "copy the model there first (the node stays offline: HF_HUB_OFFLINE=1)")
+    elif not m.get("isdir"):
+        j.error("model.path", path, "pdnode_model_path is not a directory", "point it at the model's directory")
+    elif not m.get("config_json"):
+        j.error("model.config_json", f"{path}/config.json", "the model directory has no config.json "
+                "(SGLang reads it to resolve the model)", "copy the complete model (config.json, tokenizer, weights)")
+
+
+def _disk(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
+    need = exp["min_free_disk_gb"]
+    disk = facts.get("disk") or {}
+    if need is None or disk.get("avail_bytes") is None:
+        return
+    free_gb = disk["avail_bytes"] / 1e9
+    if free_gb < float(need):
+        j.error("disk.free", f"{free_gb:.1f} GB on {disk.get('mount')}", f"less than the {need} GB the virtual "
+                "environments need (SGLang with its CUDA stack is several GB per release)",
+                "free space there or move the venv root (preflight_disk_path / the sglang role's venv root)")
+
+
+def judge(facts: dict[str, Any], expect: dict[str, Any]) -> list[Problem]:
+    """Every problem the host has for this plan, errors first, in a stable order."""
+    exp = expectations(None, expect)
+    j = _J()
+    _os(j, facts, exp)
+    _init(j, facts, exp)
+    # The stand-in engine (pdnode_engine: sim) runs on hosts without GPUs or RDMA NICs
+    # by design: the hardware checks do not apply there.
+    if exp.get("engine") != "sim":
+        _driver(j, facts, exp)
+        smi_count = _gpus(j, facts, exp)
+        _fabric(j, facts)
+        _cuda(j, facts, exp, smi_count)
+        _nics(j, facts, exp)
+    _memlock(j, facts, exp)
+    _ports(j, facts, exp)
+    _model(j, facts, exp)
+    _disk(j, facts, exp)
+    return sorted(j.problems, key=lambda p: SEVERITIES.index(p.severity))
+
+
+def report(facts: dict[str, Any], expect: dict[str, Any]) -> dict[str, Any]:
+    """judge() as plain data: {ok, errors: [line], warnings: [line], problems: [dict]}."""
+    problems = judge(facts, expect)
+    return {
+        "ok": not any(p.severity == "error" for p in problems),
+        "errors": [p.line for p in problems if p.severity == "error"],
+        "warnings": [p.line for p in problems if p.severity == "warning"],
+        "problems": [p.as_dict() for p in problems],
+    }

@@ -1,0 +1,320 @@
+"""pdnode.hostfacts over real output captured on an H200 host (tests/fixtures/nvidia-smi/
+h200-1gpu/, made with capture.sh on 2026-11-29) and over the clearly labelled hand-made
+8-GPU fixtures (handmade/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdnode import hostfacts as hf
+
+FIX = Path(__file__).parent / "fixtures" / "nvidia-smi"
+H200 = FIX / "h200-1gpu"
+HGX = FIX / "handmade"
+
+
+def text(path: Path) -> str:
+    return path.read_text()
+
+
+def probe(path: Path, rc: int | None = None) -> dict:
+    """A registered-result dict as Ansible would hand it over, from a capture file."""
+    rc_file = path.with_suffix(".rc")
+    err_file = path.with_suffix(".err")
+    return {"rc": rc if rc is not None else (int(rc_file.read_text()) if rc_file.exists() else 0),
+            "stdout": path.read_text().rstrip("\n"),
+            "stderr": err_file.read_text().rstrip("\n") if err_file.exists() else ""}
+
+
+# --- the real H200 capture ---------------------------------------------------------------
+
+def test_query_gpu_real_with_header_and_units():
+    out = hf.parse_query_gpu(text(H200 / "query-gpu.txt"))
+    assert out["errors"] == []
+    (gpu,) = out["gpus"]
+    assert gpu == {
+        "index": 0, "name": "NVIDIA H200", "uuid": "GPU-76dc57cc-d891-eb47-19ee-6e9da8f0a68c",
+        "bus_id": "0000:00:06.0", "driver_version": "580.159.04", "memory_total_mib": 143771,
+        "persistence_mode": "Enabled", "compute_cap": "9.0", "compute_mode": "Default",
+    }
+
+
+def test_query_gpu_real_noheader_same_result():
+    assert hf.parse_query_gpu(text(H200 / "query-gpu-noheader.txt")) == hf.parse_query_gpu(text(H200 / "query-gpu.txt"))
+
+
+def test_query_gpu_fabric_fields_real_are_na():
+    out = hf.parse_query_gpu(text(H200 / "query-gpu-fabric.txt"), ["index", "fabric.state", "fabric.status"])
+    assert out["gpus"] == [{"index": 0, "name": None, "uuid": None, "bus_id": None, "driver_version": None,
+                            "memory_total_mib": None, "persistence_mode": None, "compute_cap": None,
+                            "compute_mode": None, "fabric_state": None, "fabric_status": None}]
+
+
+def test_query_gpu_keeps_broken_gpu_lines_as_errors():
+    broken = ("0, NVIDIA H200, GPU-a, 00000000:18:00.0, 580.159.04, 143771, Enabled, 9.0, Default\n"
+              "Unable to determine the device handle for GPU0000:2A:00.0: Unknown Error\n")
+    out = hf.parse_query_gpu(broken)
+    assert [g["index"] for g in out["gpus"]] == [0]
+    assert out["errors"] == ["Unable to determine the device handle for GPU0000:2A:00.0: Unknown Error"]
+
+
+def test_query_gpu_driver_not_loaded_message_is_an_error():
+    msg = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+           "Make sure that the latest NVIDIA driver is installed and running.")
+    assert hf.parse_query_gpu(msg) == {"gpus": [], "errors": [msg]}
+
+
+def test_smi_q_real_header_and_gpu_section():
+    s = hf.smi_q_summary(text(H200 / "nvidia-smi-q.txt"))
+    assert (s["driver_version"], s["cuda_version"], s["attached_gpus"]) == ("580.159.04", "13.0", 1)
+    gpu = s["gpus"]["0000:00:06.0"]
+    assert gpu["name"] == "NVIDIA H200"
+    assert gpu["architecture"] == "Hopper"
+    assert gpu["persistence_mode"] == "Enabled"
+    assert gpu["mig_mode"] == "Disabled"
+    # A single PCIe-attached H200 has no NVLink fabric: every Fabric field is N/A.
+    assert gpu["fabric"] == {"state": None, "status": None, "clique_id": None, "cluster_uuid": None, "health": None}
+
+
+def test_smi_q_tree_nesting_real():
+    tree = hf.parse_smi_q(text(H200 / "nvidia-smi-q.txt"))
+    gpu = hf.smi_q_gpus(tree)["0000:00:06.0"]
+    assert gpu["PCI"]["GPU Link Info"]["Link Width"]["Max"] == "16x"
+    assert gpu["FB Memory Usage"]["Total"] == "143771 MiB"
+    assert gpu["Clocks Event Reasons"]["HW Slowdown"] == "Not Active"
+    assert tree["Timestamp"] == "Sun Nov 29 16:06:59 2026"  # value with colons survives
+
+
+def test_topo_real_strips_ansi_and_reads_affinity():
+    topo = hf.parse_topo_matrix(text(H200 / "topo-m.txt"))
+    assert topo["devices"] == ["GPU0"]
+    assert topo["links"] == {"GPU0": {"GPU0": "X"}}
+    assert topo["affinity"] == {"GPU0": {"cpu_affinity": "0-15", "numa_affinity": "0", "gpu_numa_id": None}}
+    assert topo["nic_names"] == {}
+    assert hf.nic_ranking(topo) == {0: []}
+
+
+def test_proc_driver_version_real_open_module():
+    assert hf.parse_proc_driver_version(text(H200 / "proc-driver-nvidia-version.txt")) == \
+        {"version": "580.159.04", "flavor": "open"}
+
+
+def test_proc_driver_version_proprietary():
+    line = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+    assert hf.parse_proc_driver_version(line) == {"version": "550.54.15", "flavor": "proprietary"}
+    assert hf.parse_proc_driver_version("") == {"version": None, "flavor": None}
+
+
+def test_proc_net_tcp_real_listener():
+    socks = hf.parse_proc_net_tcp(text(H200 / "proc-net-tcp.txt"))
+    assert socks[0] == {"address": "0.0.0.0", "port": 2024, "state": "0A", "uid": 0, "inode": 4130}
+    # the two others are loopback connections (state 06 TIME_WAIT) on 8099
+    assert {(s["address"], s["port"], s["state"]) for s in socks[1:]} == {("127.0.0.1", 8099, "06")}
+    assert hf.listening_sockets(text(H200 / "proc-net-tcp.txt"), text(H200 / "proc-net-tcp6.txt")) == [socks[0]]
+
+
+def test_proc_net_tcp6_addresses():
+    table = ("  sl  local_address                         remote_address                        st\n"
+             "   0: 00000000000000000000000001000000:7530 00000000000000000000000000000000:0000 0A 00000000:00000000 "
+             "00:00000000 00000000   997        0 77 1 0 100 0 0 10 0\n"
+             "   1: 0000000000000000FFFF00000100007F:22C6 00000000000000000000000000000000:0000 0A 00000000:00000000 "
+             "00:00000000 00000000     0        0 78 1 0 100 0 0 10 0\n")
+    socks = hf.parse_proc_net_tcp(table)
+    assert [(s["address"], s["port"], s["uid"], s["inode"]) for s in socks] == [("::1", 30000, 997, 77),
+                                                                               ("127.0.0.1", 8902, 0, 78)]
+
+
+def test_socket_owners_with_units():
+    fds = "/proc/412/fd socket:[77]\n/proc/412/fd socket:[79]\n/proc/9/fd socket:[78]\n"
+    cg = ("/proc/412/cgroup:0::/system.slice/sglang-pd-prefill.service\n"
+          "/proc/9/cgroup:12:name=systemd:/system.slice/nginx.service\n"
+          "/proc/9/cgroup:0::/\n")
+    owners = hf.parse_socket_owners(fds, cg)
+    assert owners[77] == {"pid": 412, "unit": "sglang-pd-prefill.service"}
+    assert owners[78] == {"pid": 9, "unit": "nginx.service"}
+
+
+def test_limits_df_real():
+    assert hf.parse_limits("Max locked memory         unlimited            unlimited            bytes\n") == \
+        {"soft": None, "hard": None, "known": True}
+    assert hf.parse_limits("Max locked memory         8388608              8388608              bytes\n") == \
+        {"soft": 8388608, "hard": 8388608, "known": True}
+    assert hf.parse_df(text(H200 / "df.txt")) == {"mount": "/", "avail_bytes": 67091940 * 1024,
+                                                  "size_bytes": 264212084 * 1024}
+
+
+def test_normalize_bus_id():
+    assert hf.normalize_bus_id("00000000:2A:00.0") == "0000:2a:00.0"
+    assert hf.normalize_bus_id("0000:2a:00.0") == "0000:2a:00.0"
+    assert hf.normalize_bus_id("2a:00.0") == "0000:2a:00.0"
+
+
+def test_collect_real_h200():
+    raw = {
+        "os": {"id": "ubuntu", "version": "24.04", "major": "24"},
+        "pid1": {"rc": 0, "stdout": "process_api", "stderr": ""},
+        "systemd_dir": {"rc": 1, "stdout": "", "stderr": ""},
+        "query_gpu": probe(H200 / "query-gpu-noheader.txt"),
+        "smi_q": probe(H200 / "nvidia-smi-q.txt"),
+        "topo": probe(H200 / "topo-m.txt"),
+        "proc_version": probe(H200 / "proc-driver-nvidia-version.txt"),
+        "nvswitch_proc": {"rc": 0, "stdout": "", "stderr": ""},
+        "tcp": probe(H200 / "proc-net-tcp.txt"),
+        "tcp6": probe(H200 / "proc-net-tcp6.txt"),
+        "limits": probe(H200 / "ulimit-l.txt"),
+        "df": probe(H200 / "df.txt"),
+        "cuda": {"rc": 0, "stdout": '{"ok": true, "device_count": 1, "driver_version": 13000, "devices": '
+                                    '[{"ordinal": 0, "ok": true, "name": "NVIDIA H200"}]}', "stderr": ""},
+    }
+    facts = hf.collect(raw)
+    assert facts["driver"] == {"present": True, "nvidia_smi": True, "version": "580.159.04", "branch": 580,
+                               "flavor": "open", "cuda_version": "13.0", "error": None}
+    (gpu,) = facts["gpus"]
+    assert gpu["name"] == "NVIDIA H200" and gpu["cpu_affinity"] == "0-15" and gpu["numa_affinity"] == "0"
+    assert gpu["fabric"]["state"] is None
+    assert facts["nvswitch"] == {"present": False, "proc_devices": [], "pci_devices": 0}
+    assert facts["init"] == {"pid1": "process_api", "systemd_booted": False}
+    assert facts["listeners"] == [{"address": "0.0.0.0", "port": 2024, "inode": 4130, "pid": None, "unit": None,
+                                    "uid_units": []}]
+    assert facts["memlock"]["known"] is True  # ulimit -l text has the /proc limits line too
+    assert facts["cuda"]["device_count"] == 1
+
+
+def test_collect_without_driver_uses_pci():
+    raw = {"query_gpu": {"rc": 127, "stdout": "", "stderr": "/bin/bash: line 1: nvidia-smi: command not found"},
+           "pci": {"rc": 0, "stdout": text(HGX / "pci-handmade-hgx8.txt"), "stderr": ""},
+           "nvswitch_proc": {"rc": 2, "stdout": "", "stderr": "No such file or directory"}}
+    facts = hf.collect(raw)
+    assert facts["driver"]["present"] is False and facts["driver"]["nvidia_smi"] is False
+    assert facts["pci"] == {"nvidia_gpus": 8, "nvswitches": 4, "mellanox_nics": 8}
+    assert facts["nvswitch"]["present"] is True  # seen on PCI before any driver exists
+
+
+def test_collect_tolerates_no_probes():
+    facts = hf.collect({})
+    assert facts["gpus"] == [] and facts["listeners"] == [] and facts["driver"]["present"] is False
+
+
+# --- hand-made 8-GPU fixtures (labelled as such) ---------------------------------------------
+
+def test_topo_handmade_hgx8_nic_legend_and_ranking():
+    topo = hf.parse_topo_matrix(text(HGX / "topo-m-handmade-hgx8.txt"))
+    assert topo["devices"] == [f"GPU{i}" for i in range(8)] + [f"NIC{i}" for i in range(8)]
+    assert topo["nic_names"]["NIC3"] == "mlx5_3"
+    assert topo["links"]["GPU0"]["GPU7"] == "NV18"
+    assert topo["links"]["GPU5"]["NIC1"] == "SYS"
+    assert topo["affinity"]["GPU6"] == {"cpu_affinity": "56-111,168-223", "numa_affinity": "1", "gpu_numa_id": None}
+    ranking = hf.nic_ranking(topo)
+    assert ranking[5][0] == {"nic": "mlx5_5", "link": "PXB"}
+    assert [r["link"] for r in ranking[5]] == ["PXB", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS"]
+
+
+def test_smi_q_handmade_fabric_states():
+    s = hf.smi_q_summary(text(HGX / "nvidia-smi-q-handmade-hgx8.txt"))
+    states = {bus: g["fabric"]["state"] for bus, g in s["gpus"].items()}
+    assert len(states) == 8
+    assert states["0000:ab:00.0"] == "In Progress"
+    assert {v for k, v in states.items() if k != "0000:ab:00.0"} == {"Completed"}
+    assert s["gpus"]["0000:18:00.0"]["fabric"]["status"] == "Success"
+
+
+def test_sys_infiniband_handmade():
+    ib = hf.parse_sys_infiniband(text(HGX / "sys-infiniband-handmade-hgx8.txt"))
+    assert ib["mlx5_0"]["1"] == {"state": "ACTIVE", "phys_state": "LinkUp", "link_layer": "InfiniBand",
+                                 "rate": "400 Gb/sec (4X NDR)"}
+    assert ib["mlx5_6"]["1"]["state"] == "DOWN"
+
+
+@pytest.mark.parametrize("line,want", [
+    ("/sys/bus/pci/devices/0000:00:06.0 0x10de 0x030200 0x2335", "nvidia_gpus"),
+    ("/sys/bus/pci/devices/0000:05:00.0 0x10de 0x068000 0x22a3", "nvswitches"),
+    ("/sys/bus/pci/devices/0000:1a:00.0 0x15b3 0x020700 0x1021", "mellanox_nics"),
+])
+def test_pci_scan_classes(line, want):
+    out = hf.parse_pci_scan(line)
+    assert [k for k, v in out.items() if v] == [want]
+
+
+# --- the Mooncake build the facts call for (pdnode.mooncake_select) -------------------------
+
+from pdnode import mooncake_select as ms  # noqa: E402
+
+
+def test_mooncake_build_for_the_real_h200():
+    cuda = hf.smi_q_summary(text(H200 / "nvidia-smi-q.txt"))["cuda_version"]  # "13.0", driver 580
+    assert ms.select(cuda) == {"flavor": "cuda13", "package": "mooncake-transfer-engine-cuda13",
+                               "version": "0.3.14", "requirement": "mooncake-transfer-engine-cuda13==0.3.14",
+                               "reason": "the driver's CUDA 13.0 (driver supports CUDA 13.0)"}
+    # a CUDA-12 Python stack on the same driver gets the CUDA-12 build
+    assert ms.select(cuda, stack_cuda="12.9")["package"] == "mooncake-transfer-engine"
+
+
+def test_mooncake_build_without_driver_and_overrides():
+    assert ms.select(None)["requirement"] == "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+    assert ms.select("12.4", override="non-cuda")["flavor"] == "non-cuda"
+    assert ms.select(None, versions={"non-cuda": "0.3.12"})["version"] == "0.3.12"
+    with pytest.raises(ms.SelectionError, match="needs an NVIDIA driver"):
+        ms.select(None, override="cuda13")
+    with pytest.raises(ms.SelectionError, match="upgrade the driver branch"):
+        ms.select("12.8", stack_cuda=13)
+    with pytest.raises(ms.SelectionError, match="unknown Mooncake build"):
+        ms.select("13.0", override="cuda11")
+
+
+# --- the second capture: the exact probes the preflight role runs ---------------------------
+
+RUN2 = FIX / "h200-1gpu-run2"
+
+
+def test_run2_query_exactly_as_the_role_asks():
+    """--format=csv,noheader,nounits with roles/preflight/vars/main.yml's field list."""
+    (gpu,) = hf.parse_query_gpu(text(RUN2 / "query-gpu-nounits.txt"))["gpus"]
+    assert (gpu["name"], gpu["memory_total_mib"], gpu["driver_version"], gpu["bus_id"]) == \
+        ("NVIDIA H200", 143771, "580.159.04", "0000:00:06.0")
+
+
+def test_run2_pci_scan_sees_the_gpu_without_asking_the_driver():
+    pci = hf.parse_pci_scan(text(RUN2 / "pci-scan.txt"))
+    assert pci == {"nvidia_gpus": [{"bus_id": "0000:00:06.0", "device_id": "0x2335"}], "nvswitches": [],
+                   "mellanox_nics": []}
+
+
+def test_run2_compute_section_feeds_the_mooncake_choice():
+    summary = hf.smi_q_summary(text(RUN2 / "nvidia-smi-q-d-compute.txt"))
+    assert (summary["driver_version"], summary["cuda_version"]) == ("580.159.04", "13.0")
+    assert ms.select(summary["cuda_version"])["package"] == "mooncake-transfer-engine-cuda13"
+    assert text(RUN2 / "sys-module-nvidia-version.txt").strip() == summary["driver_version"]
+
+
+# --- a real 2-GPU capture: two NVLinked H200s of an NVSwitch partition in a VM ---------------
+
+TWO = FIX / "h200-2gpu"
+
+
+def test_two_gpu_topology_real():
+    topo = hf.parse_topo_matrix(text(TWO / "topo-m.txt"))
+    assert topo["devices"] == ["GPU0", "GPU1"]
+    assert topo["links"]["GPU0"]["GPU1"] == "NV18" and topo["links"]["GPU1"]["GPU0"] == "NV18"
+    assert topo["affinity"]["GPU1"] == {"cpu_affinity": "0-31", "numa_affinity": "0", "gpu_numa_id": None}
+
+
+def test_two_gpu_fabric_completed_real():
+    s = hf.smi_q_summary(text(TWO / "nvidia-smi-q.txt"))
+    assert s["attached_gpus"] == 2
+    for bus in ("0000:00:06.0", "0000:00:07.0"):
+        fab = s["gpus"][bus]["fabric"]
+        assert (fab["state"], fab["status"], fab["clique_id"]) == ("Completed", "Success", "0")
+    # the switches are managed outside the VM: none visible here
+    assert text(TWO / "nvswitch-devices.txt").count("nvidia-nvswitch") == 0
+
+
+def test_units_per_uid_tells_whose_socket_it_is_without_fd_links():
+    cgroups = ("/proc/10/cgroup:0::/system.slice/sglang-pd-prefill.service\n"
+               "/proc/11/cgroup:0::/system.slice/sglang-pd-router.service\n"
+               "/proc/12/cgroup:0::/user.slice/user-0.slice/session-1.scope\n")
+    uids = "/proc/10/status:Uid:\t999\t999\t999\t999\n/proc/11/status:Uid:\t999\t999\t999\t999\n" \
+           "/proc/12/status:Uid:\t0\t0\t0\t0\n/proc/13/status:Uid:\t0\t0\t0\t0\n"
+    assert hf.units_per_uid(uids, cgroups) == {
+        999: ["sglang-pd-prefill.service", "sglang-pd-router.service"], 0: ["?", "session-1.scope"]}

@@ -1,0 +1,338 @@
+"""pdnode.preflight: the verdicts, over facts parsed from real H200 output and from the
+hand-made 8-GPU fixtures (labelled handmade)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from pdnode import hostfacts as hf
+from pdnode import preflight as pf
+from pdnode.inventory import load_inventory
+from pdnode.plan import build_plan
+
+FIX = Path(__file__).parent / "fixtures" / "nvidia-smi"
+H200 = FIX / "h200-1gpu"
+HGX = FIX / "handmade"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def r(path: Path, rc: int = 0) -> dict:
+    return {"rc": rc, "stdout": path.read_text(), "stderr": ""}
+
+
+def ok(stdout: str = "", rc: int = 0) -> dict:
+    return {"rc": rc, "stdout": stdout, "stderr": ""}
+
+
+CUDA_OK_1 = ok('{"ok": true, "device_count": 1, "driver_version": 13000, '
+               '"devices": [{"ordinal": 0, "ok": true}]}')
+
+
+@pytest.fixture
+def h200_raw() -> dict:
+    """The real H200 capture, on a host that otherwise looks like a production node."""
+    return {
+        "os": {"id": "ubuntu", "version": "24.04", "major": "24"},
+        "pid1": ok("systemd"), "systemd_dir": ok(),
+        "query_gpu": r(H200 / "query-gpu-noheader.txt"), "smi_q": r(H200 / "nvidia-smi-q.txt"),
+        "topo": r(H200 / "topo-m.txt"), "proc_version": r(H200 / "proc-driver-nvidia-version.txt"),
+        "nvswitch_proc": ok(""), "pci": ok("/sys/bus/pci/devices/0000:00:06.0 0x10de 0x030200 0x2335"),
+        "tcp": r(H200 / "proc-net-tcp.txt"), "tcp6": r(H200 / "proc-net-tcp6.txt"),
+        "limits": r(H200 / "ulimit-l.txt"), "df": r(H200 / "df.txt"), "cuda": CUDA_OK_1,
+        "model": {"path": "/models/m", "exists": True, "isdir": True, "config_json": True},
+    }
+
+
+def one_gpu_expect(**over) -> dict:
+    exp = dict(gpu_count=1, gpu_model="NVIDIA H200", driver_branch=580, gpu_ids=[0],
+               ports={"pdnode_prefill_port": 30000, "pdnode_router_port": 8000}, nics={},
+               transfer_backend="mooncake_tcp", model_path="/models/m", own_unit_prefix="sglang-pd",
+               min_free_disk_gb=30)
+    exp.update(over)
+    return pf.expectations(None, exp)
+
+
+def lines(problems) -> list[str]:
+    return [p.line for p in problems]
+
+
+def checks(problems) -> list[tuple[str, str]]:
+    return [(p.severity, p.check) for p in problems]
+
+
+def test_real_h200_passes(h200_raw):
+    assert pf.judge(hf.collect(h200_raw), one_gpu_expect()) == []
+
+
+def test_real_h200_as_captured_fails_only_on_systemd(h200_raw):
+    """On the borrowed machine itself PID 1 is the sandbox's process_api."""
+    h200_raw["pid1"], h200_raw["systemd_dir"] = ok("process_api"), ok(rc=1)
+    problems = pf.judge(hf.collect(h200_raw), one_gpu_expect())
+    assert lines(problems) == [
+        "ERROR init.pid1='process_api': systemd is not PID 1 (no /run/systemd/system): the node's services are "
+        "systemd units. Fix: run on a host booted with systemd (in a container: systemd as PID 1)."]
+
+
+def test_real_h200_against_the_8_gpu_plan(h200_raw):
+    problems = pf.judge(hf.collect(h200_raw), one_gpu_expect(gpu_count=8, gpu_ids=list(range(8))))
+    assert lines(problems) == [
+        "ERROR gpu.count=1: the host has 1 NVIDIA GPU(s) (nvidia-smi) but the inventory expects 8 "
+        "(pdnode_gpu_count); the plan uses GPU ids [1, 2, 3, 4, 5, 6, 7] that do not exist. Fix: run against the "
+        "right host, or correct pdnode_gpu_count and the prefill/decode GPU lists."]
+
+
+def test_wrong_model_and_branch(h200_raw):
+    problems = pf.judge(hf.collect(h200_raw), one_gpu_expect(gpu_model="NVIDIA H100 80GB HBM3", driver_branch=570))
+    assert checks(problems) == [("error", "driver.version"), ("error", "gpu.model")]
+    assert "'580.159.04'" in problems[0].line and "pinned branch 570" in problems[0].line
+    assert problems[1].line.startswith("ERROR gpu.model='NVIDIA H200': GPU model differs from "
+                                       "pdnode_gpu_model='NVIDIA H100 80GB HBM3'")
+
+
+def test_unsupported_os(h200_raw):
+    h200_raw["os"] = {"id": "ubuntu", "version": "20.04", "major": "20"}
+    assert checks(pf.judge(hf.collect(h200_raw), one_gpu_expect())) == [("error", "os")]
+    h200_raw["os"] = {"id": "debian", "version": "12.11", "major": "12"}
+    assert pf.judge(hf.collect(h200_raw), one_gpu_expect()) == []
+
+
+def test_cuda_failures(h200_raw):
+    h200_raw["cuda"] = ok('{"ok": false, "error": "cuInit: 802 system not yet initialized", "devices": []}')
+    (p,) = pf.judge(hf.collect(h200_raw), one_gpu_expect())
+    assert p.check == "cuda.init" and "802 system not yet initialized" in p.line
+    h200_raw["cuda"] = ok('{"ok": true, "device_count": 0, "devices": []}')
+    (p,) = pf.judge(hf.collect(h200_raw), one_gpu_expect())
+    assert p.line.startswith("ERROR cuda.device_count=0: CUDA sees 0 device(s) but nvidia-smi lists 1")
+
+
+def test_persistence_and_mig(h200_raw):
+    q = (H200 / "query-gpu-noheader.txt").read_text().replace("Enabled", "Disabled")
+    h200_raw["query_gpu"] = ok(q)
+    smi = (H200 / "nvidia-smi-q.txt").read_text().replace(
+        "    MIG Mode\n        Current                                        : Disabled",
+        "    MIG Mode\n        Current                                        : Enabled")
+    h200_raw["smi_q"] = ok(smi)
+    problems = pf.judge(hf.collect(h200_raw), one_gpu_expect())
+    assert checks(problems) == [("error", "gpu0.mig"), ("warning", "gpu.persistence_mode")]
+
+
+def test_no_driver_counts_gpus_on_pci():
+    raw = {"os": {"id": "debian", "version": "12.11", "major": "12"}, "pid1": ok("systemd"), "systemd_dir": ok(),
+           "query_gpu": {"rc": 127, "stdout": "", "stderr": "nvidia-smi: command not found"},
+           "pci": r(HGX / "pci-handmade-hgx8.txt"), "nvswitch_proc": ok(rc=2)}
+    exp = one_gpu_expect(gpu_count=8, gpu_ids=list(range(8)), model_path=None)
+    assert checks(pf.judge(hf.collect(raw), exp)) == [("warning", "driver")]
+
+
+def test_container_without_gpu_against_8_gpu_plan():
+    """What molecule/preflight asserts: a GPU-less systemd container and an 8-GPU plan."""
+    raw = {"os": {"id": "debian", "version": "12.11", "major": "12"}, "pid1": ok("systemd"), "systemd_dir": ok(),
+           "query_gpu": {"rc": 127, "stdout": "", "stderr": "nvidia-smi: command not found"},
+           "pci": ok(""), "infiniband": ok(rc=2),
+           "model": {"path": "/models/DeepSeek-V3", "exists": False, "isdir": False, "config_json": False}}
+    exp = one_gpu_expect(gpu_count=8, gpu_ids=list(range(8)), transfer_backend="mooncake",
+                         nics={str(i): f"mlx5_{i}" for i in range(8)}, model_path="/models/DeepSeek-V3")
+    problems = pf.judge(hf.collect(raw), exp)
+    assert checks(problems) == [("error", "gpu.count")] + [("error", f"nic.mlx5_{i}") for i in range(8)] + \
+        [("error", "model.path"), ("warning", "driver")]
+    assert problems[0].line.startswith("ERROR gpu.count=0: the host has 0 NVIDIA GPU(s) (PCI scan, no NVIDIA driver "
+                                       "loaded) but the inventory expects 8")
+
+
+def test_standin_engine_host_needs_no_gpu():
+    """The demo node (pdnode_engine: sim) on a GPU-less container: only host checks apply."""
+    hv = load_inventory(Path(__file__).resolve().parents[1] / "inventories" / "demo")
+    plan = build_plan(hv.variables, hv.host).as_dict()
+    raw = {"os": {"id": "debian", "version": "12.11", "major": "12"}, "pid1": ok("systemd"), "systemd_dir": ok(),
+           "query_gpu": {"rc": 127, "stdout": "", "stderr": "nvidia-smi: command not found"},
+           "pci": ok(""), "infiniband": ok(rc=2),
+           "model": {"path": plan["settings"]["pdnode_model_path"], "exists": False, "isdir": False,
+                     "config_json": False}}
+    exp = pf.expectations(plan)
+    assert exp["engine"] == "sim"
+    # The model directory is still checked; GPUs, driver, fabric, CUDA and NICs are not.
+    assert checks(pf.judge(hf.collect(raw), exp)) == [("error", "model.path")]
+    exp_real = dict(exp, engine="sglang")
+    assert ("error", "gpu.count") in checks(pf.judge(hf.collect(raw), exp_real))
+
+
+# --- NVSwitch host (hand-made 8-GPU fixtures) ----------------------------------------------------
+
+@pytest.fixture
+def hgx_raw() -> dict:
+    cuda = ok('{"ok": true, "device_count": 8, "devices": ' +
+              str([{"ordinal": i, "ok": True} for i in range(8)]).replace("True", "true").replace("'", '"') + "}")
+    return {
+        "os": {"id": "ubuntu", "version": "22.04", "major": "22"}, "pid1": ok("systemd"), "systemd_dir": ok(),
+        "query_gpu": r(HGX / "query-gpu-handmade-hgx8.txt"), "smi_q": r(HGX / "nvidia-smi-q-handmade-hgx8.txt"),
+        "topo": r(HGX / "topo-m-handmade-hgx8.txt"), "proc_version": r(H200 / "proc-driver-nvidia-version.txt"),
+        "nvswitch_proc": r(HGX / "nvswitch-devices-handmade-hgx8.txt"), "pci": r(HGX / "pci-handmade-hgx8.txt"),
+        "fabricmanager": ok("active"), "infiniband": r(HGX / "sys-infiniband-handmade-hgx8.txt"),
+        "limits": ok("Max locked memory         unlimited            unlimited            bytes\n"),
+        "cuda": cuda, "model": {"path": "/models/m", "exists": True, "isdir": True, "config_json": True},
+    }
+
+
+def hgx_expect(**over) -> dict:
+    base = dict(gpu_count=8, gpu_ids=list(range(8)), transfer_backend="mooncake",
+                nics={str(i): f"mlx5_{i}" for i in range(8)})
+    return one_gpu_expect(**{**base, **over})
+
+
+def test_hgx_handmade_finds_fabric_and_nic_faults(hgx_raw):
+    problems = pf.judge(hf.collect(hgx_raw), hgx_expect())
+    assert lines(problems) == [
+        "ERROR gpu5.fabric.state='In Progress': the GPU has not finished NVLink fabric registration "
+        "(nvidia-smi -q, Fabric: State must be Completed). Fix: check nvidia-fabricmanager's journal; restart it, "
+        "and reset the GPUs if it stays In Progress.",
+        "ERROR nic.mlx5_6='port 1: DOWN/Disabled': RDMA device for GPU 6 has no ACTIVE port. Fix: check the cable "
+        "and the subnet manager (ibstat; `sminfo` on InfiniBand), then re-run.",
+    ]
+
+
+def test_hgx_fabric_manager_down(hgx_raw):
+    hgx_raw["fabricmanager"] = ok("inactive", rc=3)
+    problems = pf.judge(hf.collect(hgx_raw), hgx_expect())
+    assert ("error", "fabricmanager") in checks(problems)
+
+
+def test_hgx_crossed_nic_mapping_warns_with_the_closest(hgx_raw):
+    nics = {str(i): f"mlx5_{i}" for i in range(8)}
+    nics["0"], nics["4"] = "mlx5_4", "mlx5_0"
+    problems = [p for p in pf.judge(hf.collect(hgx_raw), hgx_expect(nics=nics)) if p.severity == "warning"]
+    assert lines(problems) == [
+        "WARNING nic.mlx5_4='SYS': GPU 0 -> mlx5_4 crosses SYS (not behind the GPU's PCIe switch: PIX/PXB); the "
+        "closest NIC is mlx5_0 (PXB). Fix: map GPU 0 to its closest NIC in pdnode_ib_devices.",
+        "WARNING nic.mlx5_0='SYS': GPU 4 -> mlx5_0 crosses SYS (not behind the GPU's PCIe switch: PIX/PXB); the "
+        "closest NIC is mlx5_4 (PXB). Fix: map GPU 4 to its closest NIC in pdnode_ib_devices.",
+    ]
+
+
+def test_hgx_missing_nic_and_memlock(hgx_raw):
+    hgx_raw["limits"] = ok("Max locked memory         8388608              8388608              bytes\n")
+    nics = {str(i): f"mlx5_{i}" for i in range(8)}
+    nics["7"] = "mlx5_9"
+    problems = pf.judge(hf.collect(hgx_raw), hgx_expect(nics=nics))
+    assert ("error", "nic.mlx5_9") in checks(problems)
+    assert ("warning", "memlock") in checks(problems)
+    assert "present: mlx5_0, mlx5_1" in next(p.line for p in problems if p.check == "nic.mlx5_9")
+
+
+def test_rdma_backend_without_any_device(h200_raw):
+    (p,) = pf.judge(hf.collect(h200_raw), one_gpu_expect(transfer_backend="mooncake"))
+    assert p.check == "rdma.devices" and "mooncake_tcp" in p.fix
+
+
+# --- ports -----------------------------------------------------------------------------------------
+
+def listen(port: int, inode: int, addr: str = "0100007F") -> str:
+    return f"   0: {addr}:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000   997 0 {inode} 1\n"
+
+
+def test_ports_foreign_and_own(h200_raw):
+    h200_raw["tcp"] = ok("  sl  local_address rem_address   st\n" + listen(30000, 501) + listen(8000, 502, "00000000"))
+    h200_raw["socket_fds"] = ok("/proc/40/fd socket:[501]\n/proc/41/fd socket:[502]\n")
+    h200_raw["cgroups"] = ok("/proc/40/cgroup:0::/system.slice/sglang-pd-prefill.service\n"
+                             "/proc/41/cgroup:0::/system.slice/nginx.service\n")
+    problems = pf.judge(hf.collect(h200_raw), one_gpu_expect())
+    assert lines(problems) == [
+        "ERROR port.8000='0.0.0.0:8000': the port pdnode_router_port needs is already in use (pid 41, unit "
+        "nginx.service). Fix: stop that process or choose another port for pdnode_router_port."]
+
+
+def test_ports_unknown_owner(h200_raw):
+    h200_raw["tcp"] = ok("  sl  local_address rem_address   st\n" + listen(30000, 501))
+    (p,) = pf.judge(hf.collect(h200_raw), one_gpu_expect())
+    assert "(owner unknown)" in p.line
+
+
+def test_model_and_disk(h200_raw):
+    h200_raw["model"] = {"path": "/models/m", "exists": True, "isdir": True, "config_json": False}
+    h200_raw["df"] = ok("Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/vda 100 90 1000 90% /opt\n")
+    problems = pf.judge(hf.collect(h200_raw), one_gpu_expect())
+    assert checks(problems) == [("error", "model.config_json"), ("error", "disk.free")]
+    assert problems[1].value == "0.0 GB on /opt"
+
+
+# --- expectations from the real plan --------------------------------------------------------------
+
+def test_expectations_from_gpu01_plan():
+    plan = build_plan(load_inventory(ROOT / "inventories" / "gpu01", "gpu01").variables, "gpu01").as_dict()
+    exp = pf.expectations(plan)
+    assert exp["gpu_count"] == 8 and exp["gpu_model"] == "NVIDIA H200" and exp["driver_branch"] == 580
+    assert exp["gpu_ids"] == list(range(8))
+    assert exp["nics"]["0"] == "mlx5_0" and exp["transfer_backend"] == "mooncake"
+    assert exp["ports"]["pdnode_router_port"] == 8000
+    assert exp["own_unit_prefix"] == "sglang-pd"
+    # explicit values win; unknown names are refused
+    assert pf.expectations(plan, {"gpu_count": 1, "gpu_model": None})["gpu_count"] == 1
+    with pytest.raises(ValueError, match="unknown preflight expectation 'gpus'"):
+        pf.expectations(plan, {"gpus": 1})
+
+
+def test_expectations_from_the_command_line_are_coerced():
+    """-e preflight_require_systemd=false arrives as the string 'false' (seen on the H200 run)."""
+    exp = pf.expectations(None, {"require_systemd": "false", "check_cuda": "yes", "gpu_count": "8",
+                                 "driver_branch": "580", "min_free_disk_gb": "30", "ports": {"a": "8000"}})
+    assert (exp["require_systemd"], exp["check_cuda"], exp["gpu_count"], exp["driver_branch"]) == (False, True, 8, 580)
+    assert exp["min_free_disk_gb"] == 30.0 and exp["ports"] == {"a": 8000}
+    with pytest.raises(ValueError, match="gpu_count='eight' has the wrong type"):
+        pf.expectations(None, {"gpu_count": "eight"})
+
+
+def test_report_shape(h200_raw):
+    raw = copy.deepcopy(h200_raw)
+    raw["pid1"], raw["systemd_dir"] = ok("process_api"), ok(rc=1)
+    rep = pf.report(hf.collect(raw), one_gpu_expect())
+    assert rep["ok"] is False and len(rep["errors"]) == 1 and rep["warnings"] == []
+    assert rep["problems"][0]["severity"] == "error" and rep["problems"][0]["line"] == rep["errors"][0]
+
+
+def test_the_verdict_recorded_on_the_h200_is_what_judge_says():
+    """preflight-report.json is the role's own report from the real H200 run
+    (docs/hardware-runs.md): its facts, judged again, give the same verdict."""
+    import json
+
+    rep = json.loads((FIX / "h200-1gpu-run2" / "preflight-report.json").read_text())
+    assert pf.report(rep["facts"], rep["expect"]) == rep["verdict"]
+    assert [p["check"] for p in rep["verdict"]["problems"]] == ["init.pid1"]
+    assert rep["facts"]["cuda"]["ok"] is True and rep["facts"]["cuda"]["device_count"] == 1
+
+
+def _two_gpu_raw(smi_q: str | None = None) -> dict:
+    two = FIX / "h200-2gpu"
+    return {
+        "os": {"id": "ubuntu", "version": "24.04", "major": "24"}, "pid1": ok("systemd"), "systemd_dir": ok(),
+        "query_gpu": r(two / "query-gpu-nounits.txt"), "smi_q": ok(smi_q or (two / "nvidia-smi-q.txt").read_text()),
+        "topo": r(two / "topo-m.txt"), "proc_version": r(two / "proc-driver-nvidia-version.txt"),
+        "nvswitch_proc": ok(""), "pci": r(two / "pci-scan.txt"),
+        "cuda": ok('{"ok": true, "device_count": 2, "devices": [{"ordinal": 0, "ok": true}, {"ordinal": 1, "ok": true}]}'),
+        "model": {"path": "/models/m", "exists": True, "isdir": True, "config_json": True},
+    }
+
+
+def test_real_two_gpu_partition_passes():
+    assert pf.judge(hf.collect(_two_gpu_raw()), one_gpu_expect(gpu_count=2, gpu_ids=[0, 1])) == []
+
+
+def test_fabric_state_judged_without_visible_nvswitches():
+    """In an NVSwitch partition handed to a VM the switches are invisible; a GPU whose
+    fabric registration is not Completed still makes CUDA fail, so it is an error."""
+    smi = (FIX / "h200-2gpu" / "nvidia-smi-q.txt").read_text()
+    head, _, rest = smi.partition("GPU 00000000:00:07.0")
+    rest = rest.replace("State                                          : Completed",
+                        "State                                          : In Progress", 1)
+    problems = pf.judge(hf.collect(_two_gpu_raw(head + "GPU 00000000:00:07.0" + rest)),
+                        one_gpu_expect(gpu_count=2, gpu_ids=[0, 1]))
+    assert [(p.check, p.value) for p in problems] == [("gpu1.fabric.state", "In Progress")]
+
+
+def test_the_verdict_recorded_on_the_two_gpu_machine():
+    import json
+
+    rep = json.loads((FIX / "h200-2gpu" / "preflight-report.json").read_text())
+    assert rep["verdict"]["ok"] is True
+    assert pf.report(rep["facts"], rep["expect"]) == rep["verdict"]
