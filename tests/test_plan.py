@@ -336,3 +336,12 @@ def test_cli_explain_table():
     assert lines[0].split() == ["role", "GPUs", "parallelism", "listens", "on"]
     assert lines[2].startswith("prefill  0-3") and "TP 4" in lines[2]
     assert "attn-DP 4 (attn-TP 1), EP 4" in lines[3]
+
+
+def test_check_does_not_load_the_verifier():
+    """`pdnode check` must stay well under a second: it never imports the HTTP/metrics code."""
+    code = ("import sys; from pdnode.cli import main; rc = main(['check', 'inventories/gpu01']); "
+            "heavy = [m for m in ('pdnode.verify.engine', 'prometheus_client') if m in sys.modules]; "
+            "sys.exit(rc or (3 if heavy else 0))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert r.returncode == 0, r.stderr

@@ -111,13 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_optional(sub: argparse._SubParsersAction) -> None:
-    """Subcommands that live in their own modules (verification, preflight, ...)."""
-    import importlib
-    import importlib.util
+    """Subcommands that live in their own modules (imported here, not at the top, so that
+    `pdnode check` stays fast: it never loads the verifier's HTTP and metrics code)."""
+    from . import placement
+    from .verify import cli as verify_cli
 
-    for module in ("pdnode.verify.cli",):
-        if importlib.util.find_spec(module.rsplit(".", 1)[0]) is not None:
-            importlib.import_module(module).register(sub)
+    verify_cli.register(sub)
+    placement.register(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

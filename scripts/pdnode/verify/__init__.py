@@ -18,6 +18,16 @@ Modules
 Documentation: docs/verification.md; runbook: docs/runbooks/verification-failed.md.
 """
 
-from .engine import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK, SCHEMA, Report, verify
+from .codes import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK, SCHEMA
 
 __all__ = ["EXIT_CANNOT_RUN", "EXIT_FAILED", "EXIT_OK", "SCHEMA", "Report", "verify"]
+
+
+def __getattr__(name: str):
+    # The engine (HTTP, metrics parsing) loads on first use, so that `pdnode check`,
+    # which registers the verify subcommand, stays fast.
+    if name in ("Report", "verify"):
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)

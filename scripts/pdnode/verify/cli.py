@@ -12,9 +12,7 @@ import os
 import sys
 from typing import Any, Mapping, Sequence
 
-from .config import ConfigError, build_run
-from .engine import EXIT_CANNOT_RUN, SCHEMA, verify
-from .report import to_json, to_table
+from .codes import EXIT_CANNOT_RUN, SCHEMA
 
 EPILOG = """\
 checks, in order: services, bootstrap, prefill, decode, router, proxy, access, completion,
@@ -52,6 +50,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def run_with_plan(plan: Mapping[str, Any], args: argparse.Namespace, *, node_address: str | None = None,
                   api_key_file: str | None = None, env: Mapping[str, str] | None = None) -> int:
+    from .config import ConfigError, build_run
+    from .engine import verify
+    from .report import to_json, to_table
+
     try:
         run = build_run(
             plan, node_address=args.node_address or node_address, base_url=args.base_url,

@@ -17,8 +17,7 @@ from .checks import FAIL, NA, PASS, SKIP, CheckResult, Ctx, Result, all_checks, 
 from .config import Run
 from .http import port_open
 
-SCHEMA = "pdnode.verify/1"
-EXIT_OK, EXIT_FAILED, EXIT_CANNOT_RUN = 0, 1, 2
+from .codes import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK, SCHEMA  # noqa: F401 - re-exported
 
 
 @dataclass
