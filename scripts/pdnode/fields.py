@@ -31,8 +31,10 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_service_user", "str", "sglang", "system user the three services run as"),
     _F("pdnode_install_root", "str", "/opt/sglang-pd", "where per-release virtualenvs live"),
     _F("pdnode_config_dir", "str", "/etc/sglang-pd", "ServerArgs JSON, environment files, secrets"),
-    _F("pdnode_wheelhouse", "str_or_none", None, "controller directory of wheels for offline installs"),
-    _F("pdnode_api_key_file", "str_or_none", None, "controller file holding the workers' API key"),
+    _F("pdnode_wheelhouse", "str_or_none", None, "controller directory of wheels for offline installs (made by scripts/wheelhouse; "
+       "relative paths are relative to the repository root)"),
+    _F("pdnode_api_key_file", "str_or_none", None, "controller file holding the API key the router and workers require (relative "
+       "paths are relative to the repository root; copied to the host mode 0400)"),
     # The model
     _F("pdnode_model_path", "str", REQUIRED, "absolute path of the model directory on the host"),
     _F("pdnode_model_served_name", "str", REQUIRED, "name clients use in 'model'"),

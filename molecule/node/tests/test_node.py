@@ -5,17 +5,26 @@ print their recovery times (`pytest -s` or the molecule log shows them).
 """
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[3]
 PREFIX = "sglang-pd"
 UNITS = [f"{PREFIX}-prefill.service", f"{PREFIX}-decode.service", f"{PREFIX}-router.service"]
 ROUTER = "http://127.0.0.1:8000"
+# The scenario's test key (molecule/node/host_vars/instance.yml), not a secret.
+KEY = (REPO / "molecule" / "node" / "files" / "test-api-key").read_text().strip()
+KEY_ON_HOST = "/etc/sglang-pd/api-key"
 
 
-def curl(host, url, data=None, timeout=20):
+def curl(host, url, data=None, timeout=20, key=KEY):
     cmd = f"curl -sS --max-time {timeout} -w '\\n%{{http_code}}' "
+    if key:
+        cmd += f"-H 'Authorization: Bearer {key}' "
     if data is not None:
         cmd += f"-H 'Content-Type: application/json' -d '{json.dumps(data)}' "
     result = host.run(cmd + f"'{url}'")
@@ -68,11 +77,28 @@ def test_security_exposure_at_most_4(host, unit):
     assert score <= 4.0, out
 
 
+def test_api_key_file_readable_by_the_service_user_only(host):
+    f = host.file(KEY_ON_HOST)
+    assert (f.user, f.group, f.mode) == ("sglang", "sglang", 0o400)
+    assert f.content_string.strip() == KEY
+
+
 def test_api_key_never_on_a_command_line(host):
-    for unit in UNITS:
-        pid = host.check_output(f"systemctl show -p MainPID --value {unit}")
+    pids = host.check_output("pgrep -u sglang").split()
+    assert len(pids) >= 3  # prefill, decode, router (and their children)
+    for pid in pids:
         cmdline = host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
-        assert "api-key " not in cmdline and "api_key" not in cmdline
+        assert KEY not in cmdline, f"pid {pid}: {cmdline}"
+    assert KEY not in host.check_output("journalctl -u 'sglang-pd-*' --no-pager")
+
+
+def test_router_and_workers_require_the_key(host):
+    # (sglang-router 0.3.2 leaves /readiness and /v1/models open; /workers and generation are protected.)
+    for url in (f"{ROUTER}/workers", "http://127.0.0.1:30000/server_info", "http://127.0.0.1:30001/server_info"):
+        code, _ = curl(host, url, key=None)
+        assert code == 401, url
+        code, _ = curl(host, url)
+        assert code == 200, url
 
 
 def test_router_lists_one_prefill_and_one_decode(host):
@@ -90,6 +116,74 @@ def test_completion_through_the_router(host):
     answer = json.loads(body)
     assert answer["choices"][0]["message"]["content"].strip()
     assert answer["usage"]["completion_tokens"] > 0
+
+
+# --- The verification engine on the deployed node: each fault fails the right check ---
+
+@pytest.fixture(scope="module")
+def plan_on_host(host):
+    plan = subprocess.run([sys.executable, "-m", "pdnode.cli", "render", "inventories/demo", "--role", "plan"],
+                          cwd=REPO, capture_output=True, text=True, check=True).stdout
+    data = json.loads(plan)
+    data["settings"]["pdnode_api_key_file"] = "molecule/node/files/test-api-key"
+    host.run(f"cat > /tmp/plan.json <<'EOF'\n{json.dumps(data)}\nEOF")
+    return data
+
+
+def run_verify(host, plan, args="--skip-burst", env="", key_file=KEY_ON_HOST):
+    venv = plan["install"]["venv"]
+    r = host.run(f"{env} {venv}/bin/python -m pdnode.verify --plan /tmp/plan.json --json --timeout 5 "
+                 f"--api-key-file {key_file} {args}")
+    report = json.loads(r.stdout)
+    failed = [c["id"] for c in report["checks"] if c["status"] == "FAIL"]
+    return r.rc, failed, report
+
+
+def set_faults(host, port, faults):
+    code, body = curl(host, f"http://127.0.0.1:{port}/sim/faults", {"faults": faults})
+    assert code == 200, body
+
+
+def test_verify_passes_on_the_healthy_node(host, plan_on_host):
+    rc, failed, report = run_verify(host, plan_on_host, args="")
+    assert (rc, failed) == (0, []), report["failures"]
+    statuses = {c["id"]: c["status"] for c in report["checks"]}
+    assert statuses["services"] == "PASS"  # real systemd state, on the node
+    print(f"verification on the node: {report['measurements']['timing']}")
+
+
+@pytest.mark.parametrize(("role_port", "faults", "args", "expected"), [
+    (30000, ["bootstrap_down"], "--skip-burst", "bootstrap"),
+    (30001, ["rename_metric:sglang:generation_tokens_total=sglang:gen_tokens_total"], "--skip-burst", "metrics"),
+    (30001, ["slow:30"], "", "threshold.itl_p50_max_s"),
+])
+def test_verify_fails_the_right_check(host, plan_on_host, role_port, faults, args, expected):
+    set_faults(host, role_port, faults)
+    try:
+        rc, failed, report = run_verify(host, plan_on_host, args=args)
+    finally:
+        set_faults(host, role_port, [])
+    assert rc == 1 and expected in failed, report["failures"]
+
+
+def test_verify_diagnoses_a_wrong_key_and_a_proxy(host, plan_on_host):
+    host.run("printf 'not-the-key\\n' > /tmp/wrong-key && chmod 600 /tmp/wrong-key")
+    rc, failed, report = run_verify(host, plan_on_host, key_file="/tmp/wrong-key")
+    assert rc == 1 and "access" in failed, report["failures"]
+    rc, failed, report = run_verify(host, plan_on_host, env="http_proxy=http://127.0.0.1:9")
+    assert rc == 1 and failed == ["proxy"], report["failures"]
+    assert "http_proxy" in json.dumps(report["checks"])
+
+
+def test_verify_sees_a_hung_decode(host, plan_on_host):
+    pid = host.check_output(f"systemctl show -p MainPID --value {UNITS[1]}")
+    host.check_output(f"kill -STOP {pid}")
+    try:
+        rc, failed, report = run_verify(host, plan_on_host)
+    finally:
+        host.check_output(f"kill -CONT {pid}")
+    assert rc == 1 and "decode" in failed, report["failures"]
+    _wait_serving(host)
 
 
 def _wait_serving(host, deadline_s=60):
