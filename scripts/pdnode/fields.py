@@ -81,7 +81,8 @@ FIELDS: tuple[Field, ...] = (
     # Versions
     _F("pdnode_sglang_version", "str", "0.5.23", "SGLang release installed on the host"),
     _F("pdnode_sglang_router_version", "str", "0.3.2", "sglang-router release"),
-    _F("pdnode_mooncake_version", "str", "0.3.13.post1", "Mooncake transfer engine release"),
+    _F("pdnode_mooncake_version", "str", "0.3.13.post1", "Mooncake transfer engine release (CUDA 12 and non-CUDA builds)"),
+    _F("pdnode_mooncake_cuda13_version", "str", "0.3.14", "Mooncake CUDA 13 build release (its own release line)"),
     # Verification
     _F("pdnode_verify_prompt_words", "int", 256, "length of the verification prompt"),
     _F("pdnode_verify_max_tokens", "int", 32, "tokens generated per verification request"),
