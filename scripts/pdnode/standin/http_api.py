@@ -374,15 +374,10 @@ class HttpApi:
         rid = req.rid
 
         if not req.stream:
-            text, last = "", None
             try:
-                async for ev in self.engine.generate(req):
-                    text += ev.piece
-                    last = ev
+                text, last = await self._collect("/v1/chat/completions", req, t0)
             except EngineError as exc:
-                self._log("/v1/chat/completions", req, exc.status, 0, t0)
                 return self._error(exc, native=False)
-            self._log("/v1/chat/completions", req, 200, last.completion_tokens, t0)
             return _json(protocol.chat_body(
                 rid=rid, created=created, model=name, text=text, finish=last.finish,
                 prompt_tokens=req.prompt_tokens, completion_tokens=last.completion_tokens,
@@ -410,6 +405,20 @@ class HttpApi:
         await resp.write_eof()
         self._log("/v1/chat/completions", req, 200, n, t0)
         return resp
+
+    async def _collect(self, route: str, req: GenRequest, t0: float) -> tuple[str, Any]:
+        """A whole non-streaming generation: (text, last event); logs the outcome, and
+        re-raises an EngineError for the caller to answer in its route's error format."""
+        text, last = "", None
+        try:
+            async for ev in self.engine.generate(req):
+                text += ev.piece
+                last = ev
+        except EngineError as exc:
+            self._log(route, req, exc.status, 0, t0)
+            raise
+        self._log(route, req, 200, last.completion_tokens, t0)
+        return text, last
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         t0 = time.monotonic()
@@ -439,17 +448,12 @@ class HttpApi:
         echo = prompt if (body.get("echo") and isinstance(prompt, str)) else ""
 
         if not req.stream:
-            text, last = echo, None
             try:
-                async for ev in self.engine.generate(req):
-                    text += ev.piece
-                    last = ev
+                text, last = await self._collect("/v1/completions", req, t0)
             except EngineError as exc:
-                self._log("/v1/completions", req, exc.status, 0, t0)
                 return self._error(exc, native=False)
-            self._log("/v1/completions", req, 200, last.completion_tokens, t0)
             return _json(protocol.completion_body(
-                rid=rid, created=created, model=name, text=text, finish=last.finish,
+                rid=rid, created=created, model=name, text=echo + text, finish=last.finish,
                 prompt_tokens=req.prompt_tokens, completion_tokens=last.completion_tokens,
             ))
 
