@@ -30,3 +30,39 @@ find_python312() {
   done
   return 1
 }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+  else die "'$*' needs root (run as root or install sudo)"; fi
+}
+
+# The packages named in scripts/lib/system-packages (first word of each line).
+system_packages() {
+  sed -e 's/#.*//' "$(repo_root)/scripts/lib/system-packages" | awk 'NF { print $1 }'
+}
+
+# Install the missing ones with apt-get. Where there is no dpkg (not Debian/Ubuntu),
+# say what is needed and go on: the tests that need a package name it when it is missing.
+ensure_system_packages() {
+  local -a missing=()
+  local p
+  if ! command -v dpkg-query >/dev/null 2>&1; then
+    say "not a Debian-family machine: install these yourself: $(system_packages | tr '\n' ' ')"
+    return 0
+  fi
+  for p in $(system_packages); do
+    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  command -v apt-get >/dev/null 2>&1 || die "missing ${missing[*]} and no apt-get here"
+  say "installing system packages: ${missing[*]} (apt-get)"
+  local log; log=$(mktemp)
+  as_root apt-get update -qq >"$log" 2>&1 || { tail -n 15 "$log" >&2; die "apt-get update failed"; }
+  # Debian's docker.io postinst may try to start the daemon; scripts/substrate starts it
+  # itself when it is not running, so either outcome is fine.
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    "${missing[@]}" >>"$log" 2>&1 ||
+    { tail -n 15 "$log" >&2; die "apt-get install ${missing[*]} failed (log: $log)"; }
+  rm -f "$log"
+}
