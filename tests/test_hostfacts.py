@@ -32,7 +32,7 @@ def probe(path: Path, rc: int | None = None) -> dict:
 
 def test_query_gpu_real_with_header_and_units():
     out = hf.parse_query_gpu(text(H200 / "query-gpu.txt"))
-    assert out["errors"] == []
+    assert out["errors"] == [] and out["header_error"] is None
     (gpu,) = out["gpus"]
     assert gpu == {
         "index": 0, "name": "NVIDIA H200", "uuid": "GPU-76dc57cc-d891-eb47-19ee-6e9da8f0a68c",
@@ -42,18 +42,65 @@ def test_query_gpu_real_with_header_and_units():
 
 
 def test_query_gpu_real_noheader_same_result():
-    assert hf.parse_query_gpu(text(H200 / "query-gpu-noheader.txt")) == hf.parse_query_gpu(text(H200 / "query-gpu.txt"))
+    assert hf.parse_query_gpu(text(H200 / "query-gpu-noheader.txt"), header=False) == \
+        hf.parse_query_gpu(text(H200 / "query-gpu.txt"))
+
+
+@pytest.mark.parametrize("capture", sorted(FIX.glob("h200-*/query-gpu.txt")), ids=lambda p: p.parent.name)
+def test_query_gpu_real_headers_match_the_fields(capture):
+    """Every real `--format=csv` capture's header names QUERY_GPU_FIELDS in order."""
+    out = hf.parse_query_gpu(text(capture))
+    assert out["header_error"] is None and out["errors"] == [] and out["gpus"]
+
+
+@pytest.mark.parametrize("mutate, got", [
+    # two columns swapped: same width, every row would parse with names and UUIDs crossed
+    (lambda h: h.replace("name, uuid", "uuid, name"), "index, uuid, name, pci.bus_id"),
+    # a column renamed
+    (lambda h: h.replace("compute_mode", "compute_policy"), "compute_cap, compute_policy'"),
+    # a column dropped (rows one cell short)
+    (lambda h: h.replace(", persistence_mode", ""), "memory.total, compute_cap"),
+])
+def test_query_gpu_header_that_differs_is_refused_in_one_line(mutate, got):
+    head, rows = text(H200 / "query-gpu.txt").split("\n", 1)
+    out = hf.parse_query_gpu(mutate(head) + "\n" + rows)
+    assert out["gpus"] == [] and out["errors"] == []
+    assert out["header_error"].startswith(
+        "nvidia-smi --query-gpu header: expected 'index, name, uuid, pci.bus_id, driver_version, memory.total, "
+        "persistence_mode, compute_cap, compute_mode', got '")
+    assert got in out["header_error"] and "\n" not in out["header_error"]
+
+
+def test_query_gpu_rows_without_the_header_asked_for_are_refused():
+    """A noheader capture where a header is expected: the first row is not a header."""
+    out = hf.parse_query_gpu(text(H200 / "query-gpu-noheader.txt"))
+    assert out["gpus"] == [] and out["header_error"].endswith("got '0, NVIDIA H200, "
+                                                              "GPU-76dc57cc-d891-eb47-19ee-6e9da8f0a68c, "
+                                                              "00000000:00:06.0, 580.159.04, 143771 MiB, "
+                                                              "Enabled, 9.0, Default'")
+
+
+def test_the_role_asks_for_the_fields_the_parser_checks():
+    """roles/preflight/vars/main.yml queries QUERY_GPU_FIELDS with the header (--format=csv)."""
+    import yaml
+
+    role_vars = yaml.safe_load((Path(__file__).parents[1] / "roles/preflight/vars/main.yml").read_text())
+    assert tuple(role_vars["_preflight_query_gpu_fields"].split(",")) == hf.QUERY_GPU_FIELDS
+    assert role_vars["_preflight_probes"]["query_gpu"] == \
+        "nvidia-smi --query-gpu={{ _preflight_query_gpu_fields }} --format=csv"
 
 
 def test_query_gpu_fabric_fields_real_are_na():
     out = hf.parse_query_gpu(text(H200 / "query-gpu-fabric.txt"), ["index", "fabric.state", "fabric.status"])
+    assert out["header_error"] is None
     assert out["gpus"] == [{"index": 0, "name": None, "uuid": None, "bus_id": None, "driver_version": None,
                             "memory_total_mib": None, "persistence_mode": None, "compute_cap": None,
                             "compute_mode": None, "fabric_state": None, "fabric_status": None}]
 
 
 def test_query_gpu_keeps_broken_gpu_lines_as_errors():
-    broken = ("0, NVIDIA H200, GPU-a, 00000000:18:00.0, 580.159.04, 143771, Enabled, 9.0, Default\n"
+    broken = (text(H200 / "query-gpu.txt").splitlines()[0] + "\n"
+              "0, NVIDIA H200, GPU-a, 00000000:18:00.0, 580.159.04, 143771, Enabled, 9.0, Default\n"
               "Unable to determine the device handle for GPU0000:2A:00.0: Unknown Error\n")
     out = hf.parse_query_gpu(broken)
     assert [g["index"] for g in out["gpus"]] == [0]
@@ -63,7 +110,7 @@ def test_query_gpu_keeps_broken_gpu_lines_as_errors():
 def test_query_gpu_driver_not_loaded_message_is_an_error():
     msg = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
            "Make sure that the latest NVIDIA driver is installed and running.")
-    assert hf.parse_query_gpu(msg) == {"gpus": [], "errors": [msg]}
+    assert hf.parse_query_gpu(msg) == {"gpus": [], "errors": [msg], "header_error": None}
 
 
 def test_smi_q_real_header_and_gpu_section():
@@ -156,7 +203,7 @@ def test_collect_real_h200():
         "os": {"id": "ubuntu", "version": "24.04", "major": "24"},
         "pid1": {"rc": 0, "stdout": "process_api", "stderr": ""},
         "systemd_dir": {"rc": 1, "stdout": "", "stderr": ""},
-        "query_gpu": probe(H200 / "query-gpu-noheader.txt"),
+        "query_gpu": probe(H200 / "query-gpu.txt"),
         "smi_q": probe(H200 / "nvidia-smi-q.txt"),
         "topo": probe(H200 / "topo-m.txt"),
         "proc_version": probe(H200 / "proc-driver-nvidia-version.txt"),
@@ -269,8 +316,15 @@ RUN2 = FIX / "h200-1gpu-run2"
 
 
 def test_run2_query_exactly_as_the_role_asks():
-    """--format=csv,noheader,nounits with roles/preflight/vars/main.yml's field list."""
-    (gpu,) = hf.parse_query_gpu(text(RUN2 / "query-gpu-nounits.txt"))["gpus"]
+    """--format=csv with roles/preflight/vars/main.yml's field list (the role's probe)."""
+    (gpu,) = hf.parse_query_gpu(text(RUN2 / "query-gpu.txt"))["gpus"]
+    assert (gpu["name"], gpu["memory_total_mib"], gpu["driver_version"], gpu["bus_id"]) == \
+        ("NVIDIA H200", 143771, "580.159.04", "0000:00:06.0")
+
+
+def test_run2_query_as_the_role_asked_before():
+    """--format=csv,noheader,nounits: what the role asked before it checked the header."""
+    (gpu,) = hf.parse_query_gpu(text(RUN2 / "query-gpu-nounits.txt"), header=False)["gpus"]
     assert (gpu["name"], gpu["memory_total_mib"], gpu["driver_version"], gpu["bus_id"]) == \
         ("NVIDIA H200", 143771, "580.159.04", "0000:00:06.0")
 

@@ -19,6 +19,9 @@ HGX = FIX / "handmade"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+REAL_QUERY_HEADER = (H200 / "query-gpu.txt").read_text().splitlines(keepends=True)[0]
+
+
 def r(path: Path, rc: int = 0) -> dict:
     return {"rc": rc, "stdout": path.read_text(), "stderr": ""}
 
@@ -37,7 +40,7 @@ def h200_raw() -> dict:
     return {
         "os": {"id": "ubuntu", "version": "24.04", "major": "24"},
         "pid1": ok("systemd"), "systemd_dir": ok(),
-        "query_gpu": r(H200 / "query-gpu-noheader.txt"), "smi_q": r(H200 / "nvidia-smi-q.txt"),
+        "query_gpu": r(H200 / "query-gpu.txt"), "smi_q": r(H200 / "nvidia-smi-q.txt"),
         "topo": r(H200 / "topo-m.txt"), "proc_version": r(H200 / "proc-driver-nvidia-version.txt"),
         "nvswitch_proc": ok(""), "pci": ok("/sys/bus/pci/devices/0000:00:06.0 0x10de 0x030200 0x2335"),
         "tcp": r(H200 / "proc-net-tcp.txt"), "tcp6": r(H200 / "proc-net-tcp6.txt"),
@@ -109,7 +112,7 @@ def test_cuda_failures(h200_raw):
 
 
 def test_persistence_and_mig(h200_raw):
-    q = (H200 / "query-gpu-noheader.txt").read_text().replace("Enabled", "Disabled")
+    q = (H200 / "query-gpu.txt").read_text().replace("Enabled", "Disabled")
     h200_raw["query_gpu"] = ok(q)
     smi = (H200 / "nvidia-smi-q.txt").read_text().replace(
         "    MIG Mode\n        Current                                        : Disabled",
@@ -117,6 +120,21 @@ def test_persistence_and_mig(h200_raw):
     h200_raw["smi_q"] = ok(smi)
     problems = pf.judge(hf.collect(h200_raw), one_gpu_expect())
     assert checks(problems) == [("error", "gpu0.mig"), ("warning", "gpu.persistence_mode")]
+
+
+def test_query_header_that_moved_a_column_is_one_error(h200_raw):
+    """A driver printing the columns in another order: nothing is read under the wrong name,
+    and the verdict says expected vs got in one line."""
+    q = (H200 / "query-gpu.txt").read_text().replace("name, uuid", "uuid, name", 1)
+    h200_raw["query_gpu"] = ok(q)
+    problems = pf.judge(hf.collect(h200_raw), one_gpu_expect())
+    assert checks(problems) == [("error", "gpu.query_header")]
+    assert problems[0].line.startswith(
+        "ERROR gpu.query_header=\"nvidia-smi --query-gpu header: expected 'index, name, uuid, pci.bus_id, "
+        "driver_version, memory.total, persistence_mode, compute_cap, compute_mode', got 'index, uuid, name, "
+        "pci.bus_id, driver_version, memory.total, persistence_mode, compute_cap, compute_mode'\": nvidia-smi "
+        "printed other columns than the preflight asked for")
+    assert "\n" not in problems[0].line
 
 
 def test_no_driver_counts_gpus_on_pci():
@@ -167,7 +185,9 @@ def hgx_raw() -> dict:
               str([{"ordinal": i, "ok": True} for i in range(8)]).replace("True", "true").replace("'", '"') + "}")
     return {
         "os": {"id": "ubuntu", "version": "22.04", "major": "22"}, "pid1": ok("systemd"), "systemd_dir": ok(),
-        "query_gpu": r(HGX / "query-gpu-handmade-hgx8.txt"), "smi_q": r(HGX / "nvidia-smi-q-handmade-hgx8.txt"),
+        # The hand-made rows under the real driver's header (the role asks --format=csv).
+        "query_gpu": ok(REAL_QUERY_HEADER + (HGX / "query-gpu-handmade-hgx8.txt").read_text()),
+        "smi_q": r(HGX / "nvidia-smi-q-handmade-hgx8.txt"),
         "topo": r(HGX / "topo-m-handmade-hgx8.txt"), "proc_version": r(H200 / "proc-driver-nvidia-version.txt"),
         "nvswitch_proc": r(HGX / "nvswitch-devices-handmade-hgx8.txt"), "pci": r(HGX / "pci-handmade-hgx8.txt"),
         "fabricmanager": ok("active"), "infiniband": r(HGX / "sys-infiniband-handmade-hgx8.txt"),
@@ -306,7 +326,7 @@ def _two_gpu_raw(smi_q: str | None = None) -> dict:
     two = FIX / "h200-2gpu"
     return {
         "os": {"id": "ubuntu", "version": "24.04", "major": "24"}, "pid1": ok("systemd"), "systemd_dir": ok(),
-        "query_gpu": r(two / "query-gpu-nounits.txt"), "smi_q": ok(smi_q or (two / "nvidia-smi-q.txt").read_text()),
+        "query_gpu": r(two / "query-gpu.txt"), "smi_q": ok(smi_q or (two / "nvidia-smi-q.txt").read_text()),
         "topo": r(two / "topo-m.txt"), "proc_version": r(two / "proc-driver-nvidia-version.txt"),
         "nvswitch_proc": ok(""), "pci": r(two / "pci-scan.txt"),
         "cuda": ok('{"ok": true, "device_count": 2, "devices": [{"ordinal": 0, "ok": true}, {"ordinal": 1, "ok": true}]}'),

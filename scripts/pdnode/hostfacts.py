@@ -19,7 +19,8 @@ from typing import Any
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 # The --query-gpu fields the preflight asks for, in this order (keep in sync with
-# roles/preflight/vars/main.yml and tests/fixtures/nvidia-smi/capture.sh).
+# roles/preflight/vars/main.yml, which tests/test_hostfacts.py checks, and
+# tests/fixtures/nvidia-smi/capture.sh).
 QUERY_GPU_FIELDS = (
     "index", "name", "uuid", "pci.bus_id", "driver_version", "memory.total",
     "persistence_mode", "compute_cap", "compute_mode",
@@ -74,25 +75,50 @@ def _int_or_none(value: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def parse_query_gpu(text: str, fields: tuple[str, ...] | list[str] = QUERY_GPU_FIELDS) -> dict[str, Any]:
+def _header_names(line: str) -> list[str]:
+    """nvidia-smi's CSV header -> field names: 'memory.total [MiB]' -> 'memory.total'."""
+    return [re.sub(r"\s*\[[^\]]*\]$", "", c.strip()) for c in line.split(",")]
+
+
+def parse_query_gpu(text: str, fields: tuple[str, ...] | list[str] = QUERY_GPU_FIELDS,
+                    header: bool = True) -> dict[str, Any]:
     """``nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]`` -> GPUs.
 
-    Returns ``{"gpus": [...], "errors": [...]}``. A line that is not a CSV row of the
-    expected width (``Unable to determine the device handle for GPU ...``, ``No devices
-    were found``, the "couldn't communicate with the NVIDIA driver" message) is kept
-    verbatim in ``errors``: one broken GPU must not hide the others.
+    Returns ``{"gpus": [...], "errors": [...], "header_error": str | None}``. A line that
+    is not a CSV row of the expected width (``Unable to determine the device handle for
+    GPU ...``, ``No devices were found``, the "couldn't communicate with the NVIDIA
+    driver" message) is kept verbatim in ``errors``: one broken GPU must not hide the
+    others.
+
+    ``header=True`` (the preflight asks ``--format=csv``): rows are mapped to fields by
+    position, so the header must name exactly ``fields`` in that order (units such as
+    ``[MiB]`` aside). A driver that renames, drops or reorders a column would otherwise
+    put one field's values under another's name; then no row is read and
+    ``header_error`` says expected vs got in one line. Lines without a comma before the
+    header are nvidia-smi's messages in place of the CSV and go to ``errors``.
+    ``header=False``: ``noheader`` output, rows only.
     """
     fields = tuple(fields)
     gpus: list[dict[str, Any]] = []
     errors: list[str] = []
+    header_error = None
+    header_seen = not header
     for line in strip_ansi(text).splitlines():
         if not line.strip():
+            continue
+        if not header_seen:
+            if "," not in line:
+                errors.append(line.strip())
+                continue
+            got = _header_names(line)
+            if tuple(got) != fields:
+                header_error = f"nvidia-smi --query-gpu header: expected '{', '.join(fields)}', got '{', '.join(got)}'"
+                break
+            header_seen = True
             continue
         cells = [c.strip() for c in line.split(",")]
         if len(cells) != len(fields):
             errors.append(line.strip())
-            continue
-        if cells[0].split(" ")[0] == fields[0]:  # the header row ("index, name, ...")
             continue
         row = dict(zip(fields, cells))
         gpu: dict[str, Any] = {
@@ -114,7 +140,7 @@ def parse_query_gpu(text: str, fields: tuple[str, ...] | list[str] = QUERY_GPU_F
             continue
         gpus.append(gpu)
     gpus.sort(key=lambda g: g["index"])
-    return {"gpus": gpus, "errors": errors}
+    return {"gpus": gpus, "errors": errors, "header_error": header_error}
 
 
 # --- nvidia-smi -q ------------------------------------------------------------------
@@ -197,7 +223,6 @@ def smi_q_summary(text: str) -> dict[str, Any]:
 # --- nvidia-smi topo -m ---------------------------------------------------------------
 
 _DEVICE_COL = re.compile(r"^(GPU\d+|NIC\d+|mlx\d+_\d+|[A-Za-z]+\d*_\d+)$")
-_AFFINITY_COLS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 
 
 def parse_topo_matrix(text: str) -> dict[str, Any]:
@@ -470,7 +495,7 @@ def collect(raw: dict[str, Any]) -> dict[str, Any]:
 
     # Driver and GPUs
     q_rc, q_out, q_err = _out(raw, "query_gpu")
-    query = parse_query_gpu(q_out) if q_rc is not None else {"gpus": [], "errors": []}
+    query = parse_query_gpu(q_out) if q_rc is not None else {"gpus": [], "errors": [], "header_error": None}
     smi_q_rc, smi_q_out, _ = _out(raw, "smi_q")
     summary = smi_q_summary(smi_q_out) if smi_q_rc == 0 else {"gpus": {}}
     _, pv_out, _ = _out(raw, "proc_version")
@@ -501,6 +526,7 @@ def collect(raw: dict[str, Any]) -> dict[str, Any]:
                      "architecture": extra.get("architecture"), **aff})
     facts["gpus"] = gpus
     facts["gpu_errors"] = query["errors"]
+    facts["gpu_query_header_error"] = query["header_error"]
 
     # PCI view (works without a driver), NVSwitch and fabric manager
     _, pci_out, _ = _out(raw, "pci")

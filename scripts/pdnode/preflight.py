@@ -151,6 +151,12 @@ def _gpus(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> int | None:
         count, source = len(gpus) + len(facts.get("gpu_errors") or []), "nvidia-smi"
     else:
         count, source = pci_count, "PCI scan, no NVIDIA driver loaded"
+    if facts.get("gpu_query_header_error"):
+        # hostfacts read no row under an unexpected header: its values would sit under other fields' names.
+        j.error("gpu.query_header", facts["gpu_query_header_error"],
+                "nvidia-smi printed other columns than the preflight asked for, so no GPU row was read",
+                "update QUERY_GPU_FIELDS in scripts/pdnode/hostfacts.py and the query_gpu probe in "
+                "roles/preflight/vars/main.yml together for this driver")
     for line in facts.get("gpu_errors") or []:
         j.error("gpu.nvidia_smi", line, "nvidia-smi cannot query a GPU",
                 "check `nvidia-smi -q` and dmesg (Xid errors); reset or reseat the GPU, then re-run the preflight")
