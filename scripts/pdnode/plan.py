@@ -84,9 +84,12 @@ class Plan:
     ports: dict[str, int]
     gpus: dict[str, list[int]]
     environment: dict[str, dict[str, str]]
-    install: dict[str, str]  # user, root, venv, config_dir, unit names
+    install: dict[str, str]  # user, root, venv, config_dir, unit names, key paths
     settings: dict[str, Any]  # the validated pdnode_* values, defaults filled in
     warnings: list[Problem] = field(default_factory=list)
+    # Per service: its unit, the argv systemd runs and the URLs its readiness gate waits
+    # for. Templates and tasks only read these (one source for every derived fact).
+    services: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def router_argv(self) -> list[str]:
         return router_argv(self.router)
@@ -96,7 +99,7 @@ class Plan:
             "host": self.host, "prefill": self.prefill, "decode": self.decode,
             "router": self.router, "router_argv": self.router_argv(), "ports": self.ports,
             "gpus": self.gpus, "environment": self.environment, "install": self.install,
-            "settings": self.settings,
+            "settings": self.settings, "services": self.services,
             "warnings": [str(w) for w in self.warnings],
         }
 
@@ -515,23 +518,73 @@ def _derive(v: dict[str, Any], ib_map: dict[int, str], ports: dict[str, int],
             })
     prefix = v["pdnode_service_prefix"]
     # One virtualenv per release set: an upgrade installs beside the running one.
+    # Every version installed into the venv names it, the CUDA 13 Mooncake build too:
+    # otherwise changing that version would install into the running release in place.
     release = (f"sglang-{v['pdnode_sglang_version']}" if v["pdnode_engine"] == "sglang" else "sim") + (
-        f"-router-{v['pdnode_sglang_router_version']}-mooncake-{v['pdnode_mooncake_version']}")
+        f"-router-{v['pdnode_sglang_router_version']}-mooncake-{v['pdnode_mooncake_version']}"
+        f"-cu13-{v['pdnode_mooncake_cuda13_version']}")
+    config_dir = v["pdnode_config_dir"]
     install = {
         "user": v["pdnode_service_user"], "root": v["pdnode_install_root"],
-        "venv": f"{v['pdnode_install_root']}/venvs/{release}", "config_dir": v["pdnode_config_dir"],
+        "venv": f"{v['pdnode_install_root']}/venvs/{release}", "config_dir": config_dir,
         "engine": v["pdnode_engine"], "prefix": prefix, "target": f"{prefix}.target",
         **{f"unit_{role}": f"{prefix}-{role}.service" for role in ("prefill", "decode", "router")},
+        "api_key_path": f"{config_dir}/api-key",
+        "admin_key_path": f"{config_dir}/router-admin-key",
     }
+    prefill = _server_args(v, "prefill", ib_map)
+    decode = _server_args(v, "decode", ib_map)
     return Plan(
         host=host,
         install=install,
-        prefill=_server_args(v, "prefill", ib_map),
-        decode=_server_args(v, "decode", ib_map),
+        prefill=prefill,
+        decode=decode,
         router=router,
         ports={k: p for k, p in ports.items()},
         gpus={"prefill": list(v["pdnode_prefill_gpus"]), "decode": list(v["pdnode_decode_gpus"])},
         environment=environment,
         settings=v,
         warnings=warnings,
+        services=_services(install, prefill, decode, router, with_api_key=bool(v["pdnode_api_key_file"])),
     )
+
+
+def _url_host(host: str) -> str:
+    """A bind address as a client reaches it: a wildcard is reached on loopback (the
+    gate runs on the node itself), IPv6 goes in brackets."""
+    if host == "0.0.0.0":  # noqa: S104 - a bind address read, not bound here
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _services(install: dict[str, Any], prefill: dict[str, Any], decode: dict[str, Any],
+              router: dict[str, Any], with_api_key: bool) -> dict[str, dict[str, Any]]:
+    """unit, exec argv and readiness URLs of each service."""
+    py = f"{install['venv']}/bin/python"
+    cfg = install["config_dir"]
+    key = ["--api-key-file", install["api_key_path"]] if with_api_key else []
+    services: dict[str, dict[str, Any]] = {}
+    for role, args in (("prefill", prefill), ("decode", decode)):
+        base = f"http://{_url_host(args['host'])}"
+        ready = [f"{base}:{args['port']}/health"]
+        if role == "prefill":
+            # The bootstrap server answers /route once every prefill rank registered.
+            ready.append(f"{base}:{args['disaggregation_bootstrap_port']}/route?prefill_dp_rank=-1"
+                         "&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1")
+        services[role] = {
+            "unit": install[f"unit_{role}"],
+            "exec": [py, "-m", "pdnode.launcher", "--engine", install["engine"], f"{cfg}/{role}.json", *key],
+            "ready": ready,
+        }
+    # The router's worker-management API needs the admin key, always (clients hold only
+    # the API key, if any).
+    services["router"] = {
+        "unit": install["unit_router"],
+        "exec": [py, "-m", "pdnode.router_launch", f"{cfg}/router.json",
+                 "--admin-key-file", install["admin_key_path"], *key],
+        # /readiness turns 200 once a prefill and a decode are registered; gate there.
+        "ready": [f"http://{_url_host(str(router['host']))}:{router['port']}/readiness"],
+    }
+    return services
