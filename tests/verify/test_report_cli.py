@@ -12,7 +12,7 @@ from pathlib import Path
 from conftest import minimal_plan
 
 from pdnode.verify import SCHEMA
-from pdnode.verify.checks import FAIL, NA, PASS, SKIP, CheckResult, Result, all_checks, gate
+from pdnode.verify.checks import FAIL, NA, PASS, SKIP, WARN, CheckResult, Result, all_checks, gate
 from pdnode.verify.config import build_run
 from pdnode.verify.engine import Report, verify
 from pdnode.verify.report import summary_lines, to_json, to_table
@@ -38,6 +38,7 @@ def test_exit_codes():
     assert report_with(PASS, NA, PASS).exit_code == 0
     assert report_with(PASS, SKIP).exit_code == 0  # --skip-burst
     assert report_with(PASS, FAIL, SKIP).exit_code == 1
+    assert report_with(PASS, WARN).exit_code == 0 and report_with(PASS, WARN).ok  # a warning never fails
     r = report_with(PASS)
     r.error = "node unreachable"
     assert r.exit_code == 2 and not r.ok
@@ -49,8 +50,18 @@ def test_json_schema_is_stable():
     assert {"schema", "ok", "exit_code", "error", "host", "started_at", "duration_s", "timeouts", "targets",
             "summary", "checks", "failures", "measurements"} <= set(d)
     assert all(set(c) == CHECK_KEYS for c in d["checks"])
-    assert d["summary"] == {"PASS": 1, "FAIL": 1, "SKIP": 0, "N/A": 0}
-    assert d["ok"] is False and d["exit_code"] == 1
+    assert d["summary"] == {"PASS": 1, "WARN": 0, "FAIL": 1, "SKIP": 0, "N/A": 0}
+    assert d["ok"] is False and d["exit_code"] == 1 and d["warnings"] == []
+
+
+def test_warning_status_in_the_schema_and_the_table():
+    r = report_with(PASS, WARN)
+    d = json.loads(to_json(r))
+    assert d["summary"]["WARN"] == 1 and d["ok"] is True and d["failures"] == []
+    assert d["warnings"] == ["c1: ev -- hint: hint"]
+    assert d["checks"][1]["status"] == "WARN" and set(d["checks"][1]) == CHECK_KEYS
+    text = to_table(r, width=100)
+    assert "hint: hint" in text and text.splitlines()[-1].startswith("OK, WITH WARNINGS: 2 passed (1 with a warning)")
 
 
 def test_table_and_summary_lines():
@@ -62,7 +73,7 @@ def test_table_and_summary_lines():
 
 
 def test_gate_skips_and_propagates_the_cause():
-    checks = {c.id: c for c in all_checks(build_run(minimal_plan(), env={}))}
+    checks = {c.id: c for c in all_checks(build_run(minimal_plan(), env={}, on_node=True))}
     res = {"bootstrap": CheckResult("bootstrap", "", FAIL, "", "", 0), "prefill": CheckResult("prefill", "", PASS, "", "", 0),
            "decode": CheckResult("decode", "", PASS, "", "", 0), "router": CheckResult("router", "", PASS, "", "", 0),
            "access": CheckResult("access", "", SKIP, "", "", 0, "bootstrap failed")}
@@ -72,6 +83,10 @@ def test_gate_skips_and_propagates_the_cause():
     assert gate(checks["burst"], res).evidence == "skipped: because bootstrap failed"
     res["completion"] = CheckResult("completion", "", FAIL, "", "", 0)
     assert gate(checks["disaggregation"], res) is None  # explains a failed completion
+    res["router"] = CheckResult("router", "", WARN, "", "", 0)
+    res["bootstrap"] = CheckResult("bootstrap", "", PASS, "", "", 0)
+    res["access"] = CheckResult("access", "", PASS, "", "", 0)
+    assert gate(checks["completion"], res) is None  # a warning lets dependants run
     res["decode"] = CheckResult("decode", "", NA, "remote", "", 0)
     assert gate(checks["disaggregation"], res).status == NA
     assert isinstance(gate(checks["metrics"], res), Result)

@@ -1,8 +1,18 @@
-"""systemctl show output -> unit state; crash loops are failures, a settled restart is not."""
+"""systemctl show output -> unit state. A loop is restarts rising while the verifier
+watches; one recovered restart is a warning with its time, never a failure."""
 
 from __future__ import annotations
 
-from pdnode.verify.services import parse_show, judge
+import time
+
+import pytest
+from conftest import minimal_plan
+
+from pdnode.verify import checks
+from pdnode.verify import services as svc
+from pdnode.verify.checks import FAIL, PASS, WARN, Ctx, check_services
+from pdnode.verify.config import build_run
+from pdnode.verify.services import judge, parse_show
 
 SHOW = """Id=sglang-pd-decode.service
 LoadState=loaded
@@ -22,27 +32,113 @@ def state(active="active", sub="running", result="success", restarts=0, mono=100
 
 
 def test_active_and_stable():
-    ok, ev = judge(state(), now_mono_s=400.0)
-    assert ok and "active/running, up 300 s" in ev
+    verdict, ev = judge(state(), now_mono_s=400.0)
+    assert verdict == svc.OK and "active/running, up 300 s" in ev
 
 
-def test_restarting_in_a_loop():
-    ok, ev = judge(state(restarts=7, mono=395_000_000), now_mono_s=400.0)
-    assert not ok and "restarted 7 times, up only 5 s" in ev
+def test_one_recovered_restart_is_a_warning_with_its_time():
+    # kill -9 once, systemd restarted it, up again 26 s: the measured false FAIL
+    first = state(restarts=1, mono=374_000_000)
+    verdict, ev = judge(state(restarts=1, mono=374_000_000), now_mono_s=400.0, first=first, watched_s=4)
+    assert verdict == svc.WARN, ev
+    assert "restarted 1 times, up again since Sat 2026-11-29 16:00:00 UTC (26 s ago)" in ev
+    assert "NRestarts steady at 1 in the 4 s watched" in ev
+
+
+def test_restarts_rising_while_watched_is_a_loop():
+    verdict, ev = judge(state(restarts=7, mono=398_000_000), now_mono_s=400.0,
+                        first=state(restarts=6, mono=395_000_000), watched_s=4)
+    assert verdict == svc.FAIL and "restarting in a loop: NRestarts 6 -> 7 in the 4 s watched" in ev
+
+
+def test_entered_active_again_while_watched_is_a_restart():
+    verdict, ev = judge(state(restarts=2, mono=399_000_000), now_mono_s=400.0,
+                        first=state(restarts=2, mono=395_000_000), watched_s=4)
+    assert verdict == svc.FAIL and "entered active again" in ev
 
 
 def test_restarted_once_long_ago_is_fine():
-    ok, ev = judge(state(restarts=1), now_mono_s=4000.0)
-    assert ok and "restarted 1 times" in ev
+    verdict, ev = judge(state(restarts=1), now_mono_s=4000.0)
+    assert verdict == svc.OK and "restarted 1 times" in ev
 
 
 def test_between_restarts():
-    ok, ev = judge(state(active="activating", sub="auto-restart", result="exit-code", restarts=3, status=1), 400.0)
-    assert not ok and "activating/auto-restart" in ev and "exit-code" in ev and "exit status 1" in ev
+    verdict, ev = judge(state(active="activating", sub="auto-restart", result="exit-code", restarts=3, status=1),
+                        400.0)
+    assert verdict == svc.FAIL and "activating/auto-restart" in ev and "exit-code" in ev and "exit status 1" in ev
 
 
 def test_failed_and_not_installed():
-    assert not judge(state(active="failed", sub="failed", result="exit-code"), 400.0)[0]
+    assert judge(state(active="failed", sub="failed", result="exit-code"), 400.0)[0] == svc.FAIL
     missing = parse_show("Id=x.service\nLoadState=not-found\nActiveState=inactive\n", "x.service")
-    ok, ev = judge(missing, 400.0)
-    assert not ok and "not installed" in ev
+    verdict, ev = judge(missing, 400.0)
+    assert verdict == svc.FAIL and "not installed" in ev
+
+
+def test_needs_second_look():
+    assert svc.needs_second_look(state(restarts=1, mono=390_000_000), 400.0)
+    assert svc.needs_second_look(state(active="activating", sub="auto-restart"), 400.0)
+    assert not svc.needs_second_look(state(restarts=1), 4000.0)
+    assert not svc.needs_second_look(state(), 400.0)
+
+
+# --- the check itself, with synthetic systemctl output --------------------------------
+class FakeSystemctl:
+    """systemctl show for three units; the decode unit's answers follow `decode` (one per read)."""
+
+    def __init__(self, monkeypatch, decode: list[dict]):
+        self.decode = decode
+        self.reads = 0
+        self.slept = 0.0
+        self.t0_us = int(time.monotonic() * 1e6)
+        monkeypatch.setattr(svc, "systemctl_available", lambda: True)
+        monkeypatch.setattr(svc, "show", self.show)
+        monkeypatch.setattr(checks.time, "sleep", self.sleep)
+
+    def sleep(self, s: float) -> None:
+        self.slept += s
+
+    def show(self, unit: str, timeout_s: float = 5.0) -> str:
+        if unit != "x-decode.service":
+            return SHOW.format(active="active", sub="running", result="success", restarts=0,
+                               mono=self.t0_us - 3_600_000_000, status=0).replace("sglang-pd-decode", unit[:-8])
+        d = self.decode[min(self.reads, len(self.decode) - 1)]
+        self.reads += 1
+        # up_s counted from the first read: a unit that did not restart keeps its timestamp
+        mono = self.t0_us - int(d["up_s"] * 1e6) if self.reads == 1 or d["restarts"] != self.decode[0]["restarts"] \
+            else self.t0_us - int(self.decode[0]["up_s"] * 1e6)
+        return SHOW.format(active=d.get("active", "active"), sub=d.get("sub", "running"), result="success",
+                           restarts=d["restarts"], mono=mono, status=0).replace("sglang-pd-decode", "x-decode")
+
+
+def _ctx() -> Ctx:
+    return Ctx(build_run(minimal_plan(), env={}, on_node=True))
+
+
+def test_check_recovered_restart_warns_and_does_not_fail(monkeypatch):
+    fake = FakeSystemctl(monkeypatch, [{"restarts": 1, "up_s": 26}])
+    res = check_services(_ctx())
+    assert res.status == WARN, res
+    assert fake.reads == 2 and fake.slept == svc.OBSERVE_S  # watched, bounded
+    assert "x-decode.service: active/running, restarted 1 times, up again since" in res.evidence
+    assert "recovered, not a loop" in res.evidence
+
+
+def test_check_restart_loop_fails(monkeypatch):
+    FakeSystemctl(monkeypatch, [{"restarts": 5, "up_s": 3}, {"restarts": 6, "up_s": 1}])
+    res = check_services(_ctx())
+    assert res.status == FAIL and "NRestarts 5 -> 6" in res.evidence, res
+
+
+def test_check_not_active_after_watching_fails(monkeypatch):
+    FakeSystemctl(monkeypatch, [{"restarts": 2, "active": "activating", "sub": "auto-restart", "up_s": 0},
+                                {"restarts": 3, "active": "activating", "sub": "start-post", "up_s": 0}])
+    res = check_services(_ctx())
+    assert res.status == FAIL and "activating/start-post" in res.evidence, res
+
+
+@pytest.mark.parametrize("decode", [[{"restarts": 0, "up_s": 5}], [{"restarts": 1, "up_s": 600}]])
+def test_check_stable_units_are_read_once(monkeypatch, decode):
+    fake = FakeSystemctl(monkeypatch, decode)
+    res = check_services(_ctx())
+    assert res.status == PASS and fake.reads == 1 and fake.slept == 0, res

@@ -22,10 +22,11 @@ from urllib.parse import urlsplit
 from . import access as acc
 from . import metrics as pm
 from . import services as svc
+from ..secrets import read_secret_file
 from .config import ROUTE_QUERY, Run
 from .http import Deadline, Response, port_open, request, stream_sse
 
-PASS, FAIL, SKIP, NA = "PASS", "FAIL", "SKIP", "N/A"
+PASS, WARN, FAIL, SKIP, NA = "PASS", "WARN", "FAIL", "SKIP", "N/A"
 RUNBOOK = "docs/runbooks/verification-failed.md"
 
 # Metric names this verifier relies on (SGLang 0.5.23). role -> name -> what needs it.
@@ -37,7 +38,6 @@ M_ITL = "sglang:inter_token_latency_seconds"
 M_E2E = "sglang:e2e_request_latency_seconds"
 M_KV_MB = "sglang:kv_transfer_total_mb"
 M_KV_SPEED = "sglang:kv_transfer_speed_gb_s"
-M_KV_LAT = "sglang:kv_transfer_latency_ms"
 M_BOOT_FAIL = "sglang:num_bootstrap_failed_reqs_total"
 M_XFER_FAIL = "sglang:num_transfer_failed_reqs_total"
 
@@ -97,8 +97,8 @@ class Check:
     id: str
     title: str
     fn: Callable[["Ctx"], Result]
-    # dependency id -> mode: "pass" (must PASS; N/A allowed), "ran" (must have run: PASS
-    # or FAIL), "not_failed" (anything but FAIL). A dependency in `na` that is N/A makes
+    # dependency id -> mode: "pass" (must PASS or WARN; N/A allowed), "ran" (must have
+    # run: PASS, WARN or FAIL), "not_failed" (anything but FAIL). A dependency in `na` that is N/A makes
     # this check N/A (its data comes from there).
     deps: dict[str, str] = field(default_factory=dict)
     na: tuple[str, ...] = ()
@@ -121,10 +121,16 @@ class Ctx:
         self.key_refused: dict[str, str] = {}  # check id -> evidence of a 401/403
         self.internal_error: str | None = None
         self.burst_wall_s = 0.0
+        # router circuit breakers not closed at the router check: "worker (open, ...)"
+        self.circuits: list[str] = []
+        self.circuit_open = False  # one of them was open (1), not only half-open (2)
         if run.api_key_file:
             with open(run.api_key_file, encoding="utf-8", newline="") as fh:
                 self.key_raw = fh.read()
             self.key = acc.key_from_file_content(self.key_raw)
+        # The router's control-plane key: read like the router's launcher reads it
+        # (pdnode.secrets refuses files others can read); sent to /workers only.
+        self.admin_key = read_secret_file(run.admin_key_file) if run.admin_key_file else None
 
     # --- HTTP --------------------------------------------------------------------------
     def limit(self) -> float:
@@ -142,9 +148,14 @@ class Ctx:
             return None
         return self.run.auth_template.replace("{key}", self.key)
 
-    def get(self, url: str, *, auth: bool = True, timeout: float | None = None) -> Response:
-        resp = request("GET", url, headers=self.node_headers() if auth else None,
-                       timeout_s=min(timeout or self.limit(), self.limit()))
+    def admin_headers(self) -> dict[str, str]:
+        """Headers for the router's control plane (/workers): the admin key, never the client's."""
+        return {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+
+    def get(self, url: str, *, auth: bool = True, timeout: float | None = None,
+            headers: dict[str, str] | None = None) -> Response:
+        hdrs = headers if headers is not None else (self.node_headers() if auth else None)
+        resp = request("GET", url, headers=hdrs, timeout_s=min(timeout or self.limit(), self.limit()))
         self._mark(url, resp)
         return resp
 
@@ -220,23 +231,45 @@ def check_services(ctx: Ctx) -> Result:
                       "run on the node (ansible-playbook playbooks/verify.yml does)")
     if not units or not svc.systemctl_available():
         return Result(NA, "not applicable: no systemctl on this machine")
+    first = _read_units(ctx, units)
+    if first is None:
+        return Result(NA, "not applicable: systemctl cannot answer here (systemd is not PID 1)")
+    states, now = first
+    if all(s.load == "not-found" for s in states):
+        return Result(NA, f"not applicable: {', '.join(units)} are not installed on this machine")
+    earlier: list[svc.UnitState | None] = [None] * len(states)
+    watched = 0.0
+    # A recent restart or a unit between states: watch a few seconds; a loop shows as
+    # NRestarts rising (or the unit not active at the end), one recovered restart does not.
+    wait = min(svc.OBSERVE_S, ctx.deadline.left() - ctx.s.timeout_s)
+    if wait > 0 and any(svc.needs_second_look(s, now) for s in states):
+        time.sleep(wait)
+        second = _read_units(ctx, units)
+        if second is not None:
+            earlier, watched = list(states), second[1] - now
+            states, now = second
+    judged = [svc.judge(s, now, first=e, watched_s=watched) for s, e in zip(states, earlier)]
+    evidence = "; ".join(ev for _, ev in judged)
+    failing = [s.unit for s, (v, _) in zip(states, judged) if v == svc.FAIL]
+    if failing:
+        return Result(FAIL, evidence, f"journalctl -u {failing[0]} -n 100 --no-pager; systemctl status {failing[0]}; "
+                                      f"{RUNBOOK}#services")
+    warned = [s.unit for s, (v, _) in zip(states, judged) if v == svc.WARN]
+    if warned:
+        return Result(WARN, evidence, f"a restart recovered; why it went down: journalctl -u {warned[0]} -n 100 "
+                                      f"--no-pager; if NRestarts keeps rising it is a loop; {RUNBOOK}#services")
+    return Result(PASS, evidence)
+
+
+def _read_units(ctx: Ctx, units: list[str]) -> tuple[list[svc.UnitState], float] | None:
     now = time.monotonic()
     states = []
     for unit in units:
         out = svc.show(unit, timeout_s=min(5.0, ctx.limit()))
         if out is None:
-            return Result(NA, "not applicable: systemctl cannot answer here (systemd is not PID 1)")
+            return None
         states.append(svc.parse_show(out, unit))
-    if all(s.load == "not-found" for s in states):
-        return Result(NA, f"not applicable: {', '.join(units)} are not installed on this machine")
-    judged = [svc.judge(s, now) for s in states]
-    bad = [ev for ok, ev in judged if not ok]
-    evidence = "; ".join(ev for _, ev in judged)
-    if bad:
-        failing = [s.unit for s, (ok, _) in zip(states, judged) if not ok]
-        return Result(FAIL, evidence, f"journalctl -u {failing[0]} -n 100 --no-pager; systemctl status {failing[0]}; "
-                                      f"{RUNBOOK}#services")
-    return Result(PASS, evidence)
+    return states, now
 
 
 # --- 2. bootstrap -------------------------------------------------------------------
@@ -338,26 +371,55 @@ def check_router(ctx: Ctx) -> Result:
                       "the router has no healthy prefill+decode pair: a worker is down or failed registration "
                       "(the router gives up after worker_startup_timeout_secs): check prefill/decode above, then "
                       f"restart the router; {_unit_hint(ctx, 'router')}")
-    workers = ctx.get(base + "/workers")
+    problems: list[str] = []
+    hint = ""
+    # Worker management must answer only to the admin key (docs/security.md): probe it
+    # read-only, without a key and with the client key, when the plan gives the router one.
+    if ctx.run.expect.admin_key:
+        tries = [("without a key", {})] + ([("with the client API key", ctx.node_headers())] if ctx.key else [])
+        for label, hdrs in tries:
+            probe = ctx.get(base + "/workers", headers=hdrs)
+            if probe.ok:
+                problems.append(f"GET /workers answered 200 {label}: worker management is open to "
+                                + ("anyone who reaches the router" if not hdrs else "every client")
+                                + " (DELETE /workers/{id} takes a worker out)")
+                hint = ("the router runs without its admin key: redeploy (playbooks/deploy.yml) so it starts with "
+                        "--admin-key-file <config_dir>/router-admin-key, then restart it; docs/security.md")
+                break
+    headers = ctx.admin_headers() or ctx.node_headers()
+    workers = ctx.get(base + "/workers", headers=headers)
+    listed = ""
     if workers.status in (401, 403):
-        return _refused(ctx, "router", base + "/workers", workers)
+        if ctx.admin_key:
+            return Result(FAIL, f"{base}: /readiness 200; GET /workers with the admin key -> {workers.short()}",
+                          "the router refused the admin key given: it was started with another one (restart the "
+                          "router after the key file changed) or without one (then it takes only the client key "
+                          "there); compare `sha256sum <config_dir>/router-admin-key` with the file you passed")
+        if not ctx.run.expect.admin_key:
+            return _refused(ctx, "router", base + "/workers", workers)
+        listed = ("; worker list not read: /workers needs the router's admin key (--admin-key-file; on the node "
+                  "<config_dir>/router-admin-key), clients get " + f"HTTP {workers.status}")
     body = workers.json() if workers.ok else None
-    if not isinstance(body, dict) or not isinstance(body.get("workers"), list):
-        return Result(FAIL, f"/readiness 200; /workers: {workers.short()}", "unexpected answer from /workers")
-    got_p = sorted((str(w.get("url", "")).rstrip("/"), w.get("bootstrap_port")) for w in body["workers"]
-                   if w.get("worker_type") == "prefill")
-    got_d = sorted(str(w.get("url", "")).rstrip("/") for w in body["workers"] if w.get("worker_type") == "decode")
-    unhealthy = [w.get("url") for w in body["workers"] if w.get("is_healthy") is False]
-    want_p = sorted((u, b) for u, b in ctx.run.expect.router_prefill)
-    want_d = sorted(ctx.run.expect.router_decode)
-    problems = []
-    if got_p != want_p:
-        problems.append(f"prefill workers {got_p} (plan {want_p})")
-    if got_d != want_d:
-        problems.append(f"decode workers {got_d} (plan {want_d})")
-    if unhealthy:
-        problems.append(f"unhealthy: {unhealthy}")
-    metrics_note, hint = "", ""
+    got_p: list[tuple[str, Any]] = []
+    got_d: list[str] = []
+    if not listed:
+        if not isinstance(body, dict) or not isinstance(body.get("workers"), list):
+            return Result(FAIL, f"/readiness 200; /workers: {workers.short()}", "unexpected answer from /workers")
+        got_p = sorted((str(w.get("url", "")).rstrip("/"), w.get("bootstrap_port")) for w in body["workers"]
+                       if w.get("worker_type") == "prefill")
+        got_d = sorted(str(w.get("url", "")).rstrip("/") for w in body["workers"] if w.get("worker_type") == "decode")
+        unhealthy = [w.get("url") for w in body["workers"] if w.get("is_healthy") is False]
+        want_p = sorted((u, b) for u, b in ctx.run.expect.router_prefill)
+        want_d = sorted(ctx.run.expect.router_decode)
+        if got_p != want_p:
+            problems.append(f"prefill workers {got_p} (plan {want_p})")
+        if got_d != want_d:
+            problems.append(f"decode workers {got_d} (plan {want_d})")
+        if unhealthy:
+            problems.append(f"unhealthy: {unhealthy}")
+        listed = (f"; /workers: {len(got_p)} prefill {[u for u, _ in got_p]} (bootstrap {[b for _, b in got_p]}), "
+                  f"{len(got_d)} decode {got_d}")
+    metrics_note = ""
     if ctx.t.router_metrics_url:
         m = ctx.get(ctx.t.router_metrics_url, auth=False)
         if not m.ok:
@@ -365,17 +427,20 @@ def check_router(ctx: Ctx) -> Result:
         else:
             metrics_note = "; metrics listener answers"
             try:
-                open_cb = circuit_open(pm.parse(m.text))
+                states = circuit_states(pm.parse(m.text))
             except pm.MetricsParseError as exc:
-                open_cb, metrics_note = [], f"; metrics listener: {exc}"
-            if open_cb:
-                problems.append("circuit breaker open for " + ", ".join(open_cb)
-                                + ": the router answers 503 server_selection_failed although /readiness is 200")
-                hint = ("the router stopped sending to these workers after repeated failures (cb_failure_threshold, "
-                        "default 10); it retries after cb_timeout_duration_secs (default 60 s). Find the failures' "
-                        "cause in the engines' logs; restarting the router closes the circuits")
-    evidence = (f"{base}: /readiness 200; /workers: {len(got_p)} prefill {[u for u, _ in got_p]} "
-                f"(bootstrap {[b for _, b in got_p]}), {len(got_d)} decode {got_d}{metrics_note}")
+                states, metrics_note = [], f"; metrics listener: {exc}"
+            # Not a failure by itself: an open circuit turns half-open on its own after
+            # cb_timeout_duration_secs, and the gauge is only updated when the router
+            # looks at the breaker. Whether requests fail is the completion check's call.
+            ctx.circuits = [desc for _, _, desc in states]
+            ctx.circuit_open = any(state == 1 for _, state, _ in states)
+            if states:
+                metrics_note += ("; circuit breaker not closed for " + ", ".join(ctx.circuits)
+                                 + f" (an open one lets requests through again after {ctx.run.expect.circuit_open_s} s"
+                                   ", cb_timeout_duration_secs; successful requests close a half-open one): the "
+                                   "completion check judges whether requests fail")
+    evidence = f"{base}: /readiness 200{listed}{metrics_note}"
     if problems:
         return Result(FAIL, f"{base}: " + "; ".join(problems),
                       hint or "the router's workers differ from the plan: redeploy so router.json matches, or "
@@ -383,9 +448,9 @@ def check_router(ctx: Ctx) -> Result:
     return Result(PASS, evidence)
 
 
-def circuit_open(router: pm.Snapshot) -> list[str]:
-    """Workers whose router circuit breaker is not closed (smg_worker_cb_state: 0 closed,
-    1 open, 2 half-open), with their consecutive failures."""
+def circuit_states(router: pm.Snapshot) -> list[tuple[str, int, str]]:
+    """(worker, state, description) of the router's circuit breakers that are not closed
+    (smg_worker_cb_state: 0 closed, 1 open, 2 half-open), with consecutive failures."""
     fails = {dict(lab).get("worker"): v for lab, v in router.series("smg_worker_cb_consecutive_failures").items()}
     out = []
     for labels, state in sorted(router.series("smg_worker_cb_state").items()):
@@ -393,8 +458,23 @@ def circuit_open(router: pm.Snapshot) -> list[str]:
             worker = dict(labels).get("worker", "?")
             what = "open" if state == 1 else "half-open"
             n = fails.get(worker)
-            out.append(f"{worker} ({what}" + (f", {n:g} consecutive failures)" if n is not None else ")"))
+            out.append((worker, int(state), f"{worker} ({what}" + (f", {n:g} consecutive failures)" if n is not None
+                                                                   else ")")))
     return out
+
+
+def circuit_open(router: pm.Snapshot) -> list[str]:
+    """Descriptions of the circuit breakers that are not closed (see circuit_states)."""
+    return [desc for _, _, desc in circuit_states(router)]
+
+
+def _circuit_hint(ctx: Ctx) -> str:
+    if not ctx.circuits:
+        return ""
+    return (f"the router's circuit breaker was not closed for {', '.join(ctx.circuits)}: after repeated failures "
+            f"it sends nothing to that worker for {ctx.run.expect.circuit_open_s} s (cb_timeout_duration_secs in "
+            "the plan, pdnode_router_circuit_open_s) and answers 503; find the failures' cause in the engines' "
+            "logs; restarting the router closes the circuits")
 
 
 # --- 8. access layer ----------------------------------------------------------------
@@ -587,7 +667,13 @@ def check_completion(ctx: Ctx) -> Result:
     _wait_settled(ctx, ctx.snaps["completion_before"], 3)
     ctx.snapshot("completion_after")
     if problems:
+        circuit = _circuit_hint(ctx)
+        if circuit:
+            hint = circuit + (f"; {hint}" if hint and "no healthy worker pair" not in hint else "")
         return Result(FAIL, "; ".join(problems), hint or f"{RUNBOOK}#completion")
+    if ctx.circuits:
+        parts.append(f"served although the router's circuit breaker was not closed for {', '.join(ctx.circuits)} "
+                     "at the router check (it let these requests through)")
     return Result(PASS, f"{ctx.s.prompt_words}-word prompt: " + "; ".join(parts))
 
 

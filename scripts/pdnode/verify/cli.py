@@ -2,6 +2,12 @@
 
     pdnode verify INVENTORY [--host H] [options]          (controller or node; parses the inventory)
     python -m pdnode.verify --plan PLAN.json [options]    (the node; PLAN.json = `pdnode render --role plan`)
+
+Where the verifier runs is said, never guessed from an address (127.0.0.1 may be a
+tunnel from the controller): `python -m pdnode.verify --plan` is the node's entry point
+(playbooks/verify.yml runs it there with --on-node); `pdnode verify INVENTORY` runs as a
+remote client unless --on-node is given or the inventory host has ansible_connection:
+local. --remote / --on-node override both.
 """
 
 from __future__ import annotations
@@ -20,14 +26,25 @@ correctness, disaggregation, metrics, burst, threshold.* (docs/verification.md).
 exit codes: 0 no check failed, 1 a check failed, 2 could not run.
 URLs default to the plan: router http://<node>:<router port>; prefill, decode and the
 bootstrap server on the node's loopback (not applicable when run elsewhere: use the
---*-url options through a tunnel, or run on the node)."""
+--*-url options through a tunnel, or run on the node).
+on the node: `python -m pdnode.verify --plan` (or --on-node); elsewhere: `pdnode verify` (or --remote).
+/workers is read with --admin-key-file (the router's control-plane key); the client key
+never reaches it."""
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help=f"print the report as JSON (schema {SCHEMA})")
     p.add_argument("--skip-burst", action="store_true", help="skip the load burst and the thresholds")
     g = p.add_argument_group("where the node is (defaults come from the plan)")
-    g.add_argument("--node-address", help="address of the node (default: ansible_host, else 127.0.0.1)")
+    g.add_argument("--node-address", help="address of the node (default: ansible_host, else 127.0.0.1); "
+                                          "says nothing about where the verifier runs (see --on-node)")
+    where = g.add_mutually_exclusive_group()
+    where.add_argument("--on-node", dest="on_node", action="store_true", default=None,
+                       help="the verifier runs on the node: read systemd and the loopback-only services here "
+                            "(default for `python -m pdnode.verify --plan`)")
+    where.add_argument("--remote", dest="on_node", action="store_false",
+                       help="the verifier runs elsewhere (default for `pdnode verify INVENTORY` unless the host "
+                            "has ansible_connection: local)")
     g.add_argument("--base-url", help="OpenAI-compatible server root clients use, e.g. http://HOST:8000 or a "
                                       "gateway (default: the router); /v1/chat/completions is appended")
     g.add_argument("--router-url", help="router root for /readiness and /workers (default from the plan)")
@@ -38,6 +55,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("client")
     g.add_argument("--api-key-file", help="file holding the API key (read like the services read it: one "
                                           "trailing newline dropped); never pass a key on the command line")
+    g.add_argument("--admin-key-file", help="file holding the router's control-plane admin key (on the node "
+                                            "<config_dir>/router-admin-key); used for /workers only")
     g.add_argument("--auth-template", default=None,
                    help="Authorization value a client sends, with {key}; default 'Bearer {key}' "
                         "(e.g. '{key}' reproduces a client that omits the word Bearer)")
@@ -49,7 +68,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def run_with_plan(plan: Mapping[str, Any], args: argparse.Namespace, *, node_address: str | None = None,
-                  api_key_file: str | None = None, env: Mapping[str, str] | None = None) -> int:
+                  api_key_file: str | None = None, env: Mapping[str, str] | None = None,
+                  on_node: bool = False) -> int:
     from .config import ConfigError, build_run
     from .engine import verify
     from .report import to_json, to_table
@@ -59,9 +79,10 @@ def run_with_plan(plan: Mapping[str, Any], args: argparse.Namespace, *, node_add
             plan, node_address=args.node_address or node_address, base_url=args.base_url,
             router_url=args.router_url, prefill_url=args.prefill_url, decode_url=args.decode_url,
             bootstrap_url=args.bootstrap_url, router_metrics_url=args.router_metrics_url,
-            api_key_file=args.api_key_file or api_key_file, auth_template=args.auth_template,
-            timeout_s=args.timeout, overall_s=args.overall_timeout, max_tokens=args.max_tokens,
-            skip_burst=args.skip_burst, env=os.environ if env is None else env,
+            api_key_file=args.api_key_file or api_key_file, admin_key_file=args.admin_key_file,
+            auth_template=args.auth_template, timeout_s=args.timeout, overall_s=args.overall_timeout,
+            max_tokens=args.max_tokens, skip_burst=args.skip_burst, env=os.environ if env is None else env,
+            on_node=on_node if args.on_node is None else bool(args.on_node),
         )
     except ConfigError as exc:
         return _cannot_run(args, str(exc))
@@ -76,7 +97,8 @@ def run_with_plan(plan: Mapping[str, Any], args: argparse.Namespace, *, node_add
 def _cannot_run(args: argparse.Namespace, why: str) -> int:
     if getattr(args, "json", False):
         print(json.dumps({"schema": SCHEMA, "ok": False, "exit_code": EXIT_CANNOT_RUN, "error": why,
-                          "checks": [], "failures": [f"could not run: {why}"], "measurements": {}}, indent=2))
+                          "checks": [], "failures": [f"could not run: {why}"], "warnings": [],
+                          "measurements": {}}, indent=2))
     print(f"pdnode verify: could not run: {why}", file=sys.stderr)
     return EXIT_CANNOT_RUN
 
@@ -95,8 +117,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
                            + "\n  ".join(str(p) for p in exc.problems))
     conn = str(hv.variables.get("ansible_connection") or "")
     address = None if conn == "local" else hv.variables.get("ansible_host")
+    # The inventory, not an address, says whether this machine is the node.
     return run_with_plan(plan.as_dict(), args, node_address=str(address) if address else None,
-                         api_key_file=plan.settings.get("pdnode_api_key_file"))
+                         api_key_file=plan.settings.get("pdnode_api_key_file"), on_node=conn == "local")
 
 
 def register(sub: Any) -> None:
@@ -130,4 +153,4 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
         return _cannot_run(args, f"the plan {args.plan} is not JSON: {exc}")
     if not isinstance(plan, dict):
         return _cannot_run(args, f"the plan {args.plan} is not a JSON object")
-    return run_with_plan(plan, args)
+    return run_with_plan(plan, args, on_node=True)  # the node's entry point

@@ -7,7 +7,6 @@ Both entry points build a Run from the same plan dict, so `pdnode verify INVENTO
 from __future__ import annotations
 
 import ipaddress
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -52,6 +51,12 @@ class Expect:
     router_prefill: list[tuple[str, int | None]]  # (url, bootstrap port) as the router was told
     router_decode: list[str]
     units: list[str]  # systemd units: prefill, decode, router
+    # seconds the router keeps a tripped circuit open (the plan's cb_timeout_duration_secs;
+    # sglang-router's own default, 60, when the plan does not set it)
+    circuit_open_s: int = 60
+    # the plan starts the router with a control-plane admin key: /workers must refuse
+    # requests without it
+    admin_key: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class Run:
     expect: Expect
     settings: Settings
     api_key_file: str | None = None
+    admin_key_file: str | None = None  # the router's control-plane admin key (/workers only)
     auth_template: str = "Bearer {key}"
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -87,31 +93,6 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def is_local_address(host: str) -> bool:
-    """Is ``host`` this machine (loopback, or an address a socket can bind here)?"""
-    name = host.strip("[]")
-    if name in ("localhost", ""):
-        return True
-    try:
-        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    for family, _, _, _, addr in infos:
-        ip = addr[0]
-        try:
-            if ipaddress.ip_address(ip.split("%")[0]).is_loopback:
-                return True
-        except ValueError:
-            continue
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as s:
-                s.bind((ip, 0))
-                return True
-        except OSError:
-            continue
-    return False
-
-
 def _int(d: Mapping[str, Any], key: str, default: int) -> int:
     value = d.get(key, default)
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
@@ -120,10 +101,16 @@ def _int(d: Mapping[str, Any], key: str, default: int) -> int:
 def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_url: str | None = None,
               router_url: str | None = None, prefill_url: str | None = None, decode_url: str | None = None,
               bootstrap_url: str | None = None, router_metrics_url: str | None = None,
-              api_key_file: str | None = None, auth_template: str | None = None,
-              timeout_s: float | None = None, overall_s: float | None = None, max_tokens: int | None = None,
-              skip_burst: bool = False, env: Mapping[str, str] | None = None) -> Run:
-    """Plan dict (Plan.as_dict()) + overrides -> Run. Raises ConfigError."""
+              api_key_file: str | None = None, admin_key_file: str | None = None,
+              auth_template: str | None = None, timeout_s: float | None = None, overall_s: float | None = None,
+              max_tokens: int | None = None, skip_burst: bool = False, env: Mapping[str, str] | None = None,
+              on_node: bool = False) -> Run:
+    """Plan dict (Plan.as_dict()) + overrides -> Run. Raises ConfigError.
+
+    ``on_node``: the verifier runs on the node itself, so the node's loopback services
+    (prefill, decode, bootstrap, router metrics) and systemd are reachable here. It is
+    said by the caller (--on-node, the node's entry point), never guessed from an
+    address: 127.0.0.1 may as well be a tunnel from the controller."""
     try:
         prefill, decode, router = dict(plan["prefill"]), dict(plan["decode"]), dict(plan["router"])
         install = dict(plan.get("install") or {})
@@ -138,7 +125,6 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
     r_port = _int(router, "port", 8000)
     default_router = f"http://{url_host(address)}:{r_port}"
     router_root = (router_url or default_router).rstrip("/")
-    on_node = is_local_address(address)
 
     w_host = str(prefill.get("host", "127.0.0.1"))
     w_host = "127.0.0.1" if _wildcard(w_host) else w_host
@@ -177,6 +163,8 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
         router_prefill=router_prefill,
         router_decode=[str(u).rstrip("/") for u in router.get("decode") or []],
         units=[install[k] for k in ("unit_prefill", "unit_decode", "unit_router") if install.get(k)],
+        circuit_open_s=_int(router, "cb_timeout_duration_secs", 60),
+        admin_key=bool(admin_key_file) or _plan_has_admin_key(plan),
     )
 
     t = float(timeout_s if timeout_s is not None else settings["pdnode_verify_timeout_s"])
@@ -204,7 +192,16 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
     if "{key}" not in template:
         raise ConfigError(f"--auth-template {template!r}: must contain {{key}}")
     return Run(host=str(plan.get("host") or address), targets=targets, expect=expect, settings=sett,
-               api_key_file=api_key_file, auth_template=template, env=dict(env or {}))
+               api_key_file=api_key_file, admin_key_file=admin_key_file, auth_template=template,
+               env=dict(env or {}))
+
+
+def _plan_has_admin_key(plan: Mapping[str, Any]) -> bool:
+    """Does the plan start the router with --admin-key-file?"""
+    services = plan.get("services")
+    router = services.get("router") if isinstance(services, Mapping) else None
+    argv = router.get("exec") if isinstance(router, Mapping) else None
+    return isinstance(argv, list) and "--admin-key-file" in argv
 
 
 def is_loopback(host: str) -> bool:

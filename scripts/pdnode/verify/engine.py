@@ -1,7 +1,9 @@
 """Run the checks in order and build the report (one engine for every entry point).
 
-Exit codes: 0 no check failed (PASS, N/A, or SKIP for --skip-burst), 1 a check failed, 2 the
-verification could not run (node unreachable, bad arguments, unreadable key file).
+Exit codes: 0 no check failed (PASS, WARN, N/A, or SKIP for --skip-burst), 1 a check failed,
+2 the verification could not run (node unreachable, bad arguments, unreadable key file).
+Every evidence and hint passes through text.printable() here: they quote the node's
+answers, which must not reach a terminal raw.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from .checks import FAIL, NA, PASS, SKIP, CheckResult, Ctx, Result, all_checks, gate
+from ..secrets import SecretError
+from .checks import FAIL, NA, PASS, SKIP, WARN, CheckResult, Ctx, Result, all_checks, gate
 from .config import Run
 from .http import port_open
+from .text import printable
 
 from .codes import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK, SCHEMA  # noqa: F401 - re-exported
 
@@ -45,6 +49,13 @@ class Report:
     def failed(self) -> list[CheckResult]:
         return [c for c in self.checks if c.status == FAIL]
 
+    def warned(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status == WARN]
+
+    def warning_lines(self) -> list[str]:
+        """One line per check that passed with a warning ("id: evidence -- hint: hint")."""
+        return [f"{c.id}: {c.evidence}" + (f" -- hint: {c.hint}" if c.hint else "") for c in self.warned()]
+
     def failure_lines(self) -> list[str]:
         """One line per failed check ("id: evidence -- hint: hint"), and why it could not run."""
         lines = [f"could not run: {self.error}"] if self.error else []
@@ -53,13 +64,14 @@ class Report:
         return lines
 
     def as_dict(self) -> dict[str, Any]:
-        counts = {s: sum(c.status == s for c in self.checks) for s in (PASS, FAIL, SKIP, NA)}
+        counts = {s: sum(c.status == s for c in self.checks) for s in (PASS, WARN, FAIL, SKIP, NA)}
         return {
             "schema": SCHEMA, "ok": self.ok, "exit_code": self.exit_code, "error": self.error,
             "host": self.host, "started_at": self.started_at, "duration_s": round(self.duration_s, 3),
             "timeouts": self.timeouts, "targets": self.targets, "summary": counts,
             "checks": [c.as_dict() for c in self.checks],
             "failures": self.failure_lines(),
+            "warnings": self.warning_lines(),
             "measurements": self.measurements,
         }
 
@@ -86,6 +98,9 @@ def verify(run: Run) -> Report:
                     started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     try:
         ctx = Ctx(run)
+    except SecretError as exc:  # the admin key file (read like the router's launcher reads it)
+        report.error = f"cannot use the admin key file: {exc}"
+        return report
     except (OSError, ValueError) as exc:  # ValueError: not UTF-8 text
         report.error = f"cannot read the API key file {run.api_key_file}: {getattr(exc, 'strerror', None) or exc}"
         return report
@@ -121,7 +136,8 @@ def verify(run: Run) -> Report:
         dur = time.monotonic() - c0
         if check.id == "burst" or check.id.startswith("threshold."):
             burst_s += dur
-        results[check.id] = CheckResult(check.id, check.title, res.status, res.evidence, res.hint, dur, res.cause)
+        results[check.id] = CheckResult(check.id, check.title, res.status, printable(res.evidence),
+                                        printable(res.hint), dur, res.cause)
         report.checks.append(results[check.id])
     report.measurements = ctx.measurements
     report.duration_s = time.monotonic() - t0

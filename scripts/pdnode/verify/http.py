@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from .text import printable
+
 
 @dataclass
 class Response:
@@ -52,10 +54,8 @@ class Response:
     def short(self, limit: int = 240) -> str:
         """One line describing the answer: 'HTTP 503: {...}' or the connection error."""
         if self.status is None:
-            return self.error or "no answer"
-        body = " ".join(self.text.split())
-        if len(body) > limit:
-            body = body[:limit] + "..."
+            return printable(self.error or "no answer")
+        body = printable(self.text.strip(), limit)
         return f"HTTP {self.status}" + (f": {body}" if body else " (empty body)")
 
 

@@ -97,18 +97,6 @@ def counter_delta(before: Snapshot, after: Snapshot, sample: str,
     return total
 
 
-def histogram_buckets(snap: Snapshot, name: str, match: Mapping[str, str] | None = None) -> dict[float, float]:
-    """Cumulative bucket counts by upper bound, summed over label sets (without le)."""
-    out: dict[float, float] = {}
-    for labels, value in snap.series(f"{name}_bucket", match).items():
-        le = dict(labels).get("le")
-        if le is None:
-            continue
-        bound = math.inf if le in ("+Inf", "Inf", "inf") else float(le)
-        out[bound] = out.get(bound, 0.0) + value
-    return out
-
-
 def histogram_delta(before: Snapshot, after: Snapshot, name: str,
                     match: Mapping[str, str] | None = None) -> "HistogramDelta | None":
     """Per-series difference of a histogram's buckets, _sum and _count, then summed."""

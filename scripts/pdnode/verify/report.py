@@ -1,4 +1,9 @@
-"""The report for people (a table) and for machines (JSON, schema pdnode.verify/1)."""
+"""The report for people (a table) and for machines (JSON, schema pdnode.verify/1).
+
+Check statuses: PASS, WARN (passed, with something to look at: never changes the exit
+code), FAIL, SKIP, N/A. WARN and the top-level "warnings" list were added to
+pdnode.verify/1 without changing any existing field (docs/verification.md).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import shutil
 import textwrap
 
 from .engine import Report
+from .text import printable
 
 
 def to_json(report: Report) -> str:
@@ -37,16 +43,19 @@ def to_table(report: Report, width: int | None = None) -> str:
         ev = textwrap.wrap(c.evidence, body_w) or [""]
         out.append(f"{c.id.ljust(id_w)}  {c.status.ljust(6)}  {ev[0]}")
         out += [indent + line for line in ev[1:]]
-        if c.hint and c.status in ("FAIL",):
+        if c.hint and c.status in ("FAIL", "WARN"):
             for i, line in enumerate(textwrap.wrap("hint: " + c.hint, body_w)):
                 out.append(indent + line)
     s = report.as_dict()["summary"]
     out.append("")
     if report.error:
-        out.append(f"COULD NOT RUN: {report.error}")
+        out.append(f"COULD NOT RUN: {printable(report.error)}")
     verdict = "OK" if report.ok else ("COULD NOT RUN" if report.exit_code == 2 else "FAILED")
     timing = report.measurements.get("timing", {})
     extra = (f" ({timing['without_burst_s']:.2f} s without the burst)" if timing.get("burst_s") else "")
-    out.append(f"{verdict}: {s['PASS']} passed, {s['FAIL']} failed, {s['SKIP']} skipped, {s['N/A']} not applicable "
-               f"in {report.duration_s:.2f} s{extra}; exit code {report.exit_code}")
+    warned = f" ({s['WARN']} with a warning)" if s["WARN"] else ""
+    if report.ok and s["WARN"]:
+        verdict = "OK, WITH WARNINGS"
+    out.append(f"{verdict}: {s['PASS'] + s['WARN']} passed{warned}, {s['FAIL']} failed, {s['SKIP']} skipped, "
+               f"{s['N/A']} not applicable in {report.duration_s:.2f} s{extra}; exit code {report.exit_code}")
     return "\n".join(out)
