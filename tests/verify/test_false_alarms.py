@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import chat_answer, fake_server, minimal_plan
-
 from pdnode.verify.checks import FAIL, NA, PASS, Ctx, check_router
 from pdnode.verify.config import build_run
 from pdnode.verify.engine import verify
@@ -127,7 +128,7 @@ def _inventory(tmp_path: Path, **host: str) -> Path:
 
 
 def _targets(argv: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60, cwd=REPO,
+    proc = subprocess.run([sys.executable, *argv], check=False, capture_output=True, text=True, timeout=60, cwd=REPO,
                           env={"PYTHONPATH": str(REPO / "scripts"), "PATH": "/usr/bin:/bin"})
     return json.loads(proc.stdout)["targets"]
 
@@ -164,3 +165,35 @@ def test_router_check_unit_with_half_open_metrics():
         res = check_router(ctx)
     assert res.status == PASS and ctx.circuits == ["http://127.0.0.1:2 (half-open, 0 consecutive failures)"]
     assert not ctx.circuit_open
+
+
+# --- with the real router ---------------------------------------------------------------
+@pytest.mark.integration
+def test_tripped_circuit_on_an_idle_recovered_node_passes(tmp_path):
+    """Prefill failed (the circuit opened), then recovered; nobody sends traffic. The
+    verifier's own requests go through and close the circuit: no false FAIL."""
+    from node import request, standin_node
+    from nodeplan import plan_for
+    from pdnode.router_launch import control_plane_args
+
+    admin = tmp_path / "admin"
+    admin.write_text("adm-cb-test\n")
+    admin.chmod(0o600)
+    args = [*control_plane_args("adm-cb-test"), "--cb-failure-threshold", "2", "--cb-timeout-duration-secs", "2"]
+    with standin_node(tmp_path / "n", router_args=args) as node:
+        plan = plan_for(node, pdnode_router_circuit_open_s=2, pdnode_verify_timeout_s=15)
+        node.set_faults("prefill", ["error500"])
+        body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for _ in range(3):
+            assert request("POST", node.router_url + "/v1/chat/completions", body).status != 200
+        node.set_faults("prefill", [])
+        time.sleep(2.5)  # past cb_timeout_duration_secs: the router would let a request through
+        text = request("GET", node.router_metrics_url).text
+        states = [line for line in text.splitlines() if line.startswith("smg_worker_cb_state")]
+        assert any(not line.endswith(" 0") for line in states), states  # not closed: the old false FAIL
+        rep = verify(build_run(plan, admin_key_file=str(admin), env={}, skip_burst=True, on_node=True))
+    checks = {c.id: c for c in rep.checks}
+    assert checks["router"].status == PASS and "circuit breaker not closed" in checks["router"].evidence, \
+        checks["router"]
+    assert checks["completion"].status == PASS, checks["completion"]
+    assert rep.exit_code == 0, rep.failure_lines()

@@ -1,9 +1,10 @@
 """The verifier against a real stand-in node (tests/standin/node.py: prefill + decode
 stand-ins with Mooncake over TCP, the REAL sglang-router 0.3.2), healthy and with each
-fault made to happen for real. One node for the module (started with an API key and a
-1 s SGLANG_DISAGGREGATION_WAITING_TIMEOUT); faults are switched with POST /sim/faults
-and cleared after each test. Order matters: transfer_stall trips the router's circuit
-breaker (open for 60 s) and decode_stopped kills decode, so they run last.
+fault made to happen for real. One node for the module (started with an API key, the
+router's control-plane admin key and a 1 s SGLANG_DISAGGREGATION_WAITING_TIMEOUT); faults
+are switched with POST /sim/faults and cleared after each test. Order matters:
+transfer_stall trips the router's circuit breaker (open for the plan's
+cb_timeout_duration_secs) and decode_stopped kills decode, so they run last.
 
 Set PDNODE_VERIFY_TIMINGS=FILE to get the measured times as JSON (docs/verification.md).
 """
@@ -24,18 +25,26 @@ import pytest
 import yaml
 from nodeplan import plan_for
 
+from pdnode.router_launch import control_plane_args
 from pdnode.verify.config import build_run
 from pdnode.verify.engine import Report, verify
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-node-5f1c2a9e"
+ADMIN_KEY = "adm-node-77c0d1e4"
 THRESHOLDS = {"ttft_p50_max_s": 1.0, "ttft_p99_max_s": 5.0, "itl_p50_max_s": 0.02, "itl_p99_max_s": 0.5,
               "e2e_p99_max_s": 10.0, "decode_throughput_min_tok_s": 5.0, "kv_transfer_speed_min_gb_s": 0.001}
 SETTINGS = {"pdnode_verify_thresholds": THRESHOLDS, "pdnode_verify_burst_requests": 8,
             "pdnode_verify_burst_concurrency": 4, "pdnode_verify_max_tokens": 8, "pdnode_verify_prompt_words": 128,
             "pdnode_verify_timeout_s": 15}
 TIMINGS: dict[str, Any] = {}
+ADMIN_FILE: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def _admin(admin_key_file):
+    ADMIN_FILE["path"] = admin_key_file
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +52,11 @@ def node(tmp_path_factory):
     from node import standin_node
 
     d = tmp_path_factory.mktemp("node")
-    with standin_node(d, api_key=KEY, env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "1"}) as n:
+    # the router as the plan starts it: admin key, and the plan's circuit-breaker timeout
+    router_args = [*control_plane_args(ADMIN_KEY), "--cb-timeout-duration-secs",
+                   str(plan_for_node_defaults()["router"]["cb_timeout_duration_secs"])]
+    with standin_node(d, api_key=KEY, env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "1"},
+                      router_args=router_args) as n:
         TIMINGS["node_start_s"] = round(n.started_s, 2)
         yield n
     out = os.environ.get("PDNODE_VERIFY_TIMINGS")
@@ -51,9 +64,23 @@ def node(tmp_path_factory):
         Path(out).write_text(json.dumps(TIMINGS, indent=2))
 
 
+def plan_for_node_defaults() -> dict:
+    class _Ports:
+        ports = {"prefill": 20000, "bootstrap": 20001, "decode": 20002, "router": 20003, "router_metrics": 20004}
+    return plan_for(_Ports(), **SETTINGS)
+
+
 @pytest.fixture(scope="module")
 def plan(node):
     return plan_for(node, **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def admin_key_file(tmp_path_factory):
+    f = tmp_path_factory.mktemp("admin") / "router-admin-key"
+    f.write_text(ADMIN_KEY + "\n")
+    f.chmod(0o600)
+    return str(f)
 
 
 @pytest.fixture
@@ -66,6 +93,8 @@ def key_file(tmp_path):
 
 def run_verify(plan: dict, key_file: str | None, label: str, **kw: Any) -> Report:
     kw.setdefault("env", {})
+    kw.setdefault("on_node", True)  # the node's loopback services are this machine's
+    kw.setdefault("admin_key_file", ADMIN_FILE.get("path"))
     t0 = time.monotonic()
     rep = verify(build_run(plan, api_key_file=key_file, **kw))
     TIMINGS[label] = {"wall_s": round(time.monotonic() - t0, 2), "exit_code": rep.exit_code,
@@ -104,7 +133,7 @@ def test_healthy_node_passes(node, plan, key_file):
     assert m["timing"]["without_burst_s"] <= 5.0, m["timing"]
 
 
-def test_both_entry_points_agree(node, plan, key_file, tmp_path):
+def test_both_entry_points_agree(node, plan, key_file, admin_key_file, tmp_path):
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(plan))
     inv = tmp_path / "inv"
@@ -113,7 +142,7 @@ def test_both_entry_points_agree(node, plan, key_file, tmp_path):
         {"all": {"hosts": {"standin": {"ansible_connection": "local", "ansible_host": "127.0.0.1"}}}}))
     (inv / "group_vars" / "all" / "main.yml").write_text(yaml.safe_dump(plan["settings"]))
     env = {**os.environ, "PYTHONPATH": str(REPO / "scripts")}
-    common = ["--json", "--skip-burst", "--api-key-file", key_file]
+    common = ["--json", "--skip-burst", "--api-key-file", key_file, "--admin-key-file", admin_key_file]
     t0 = time.monotonic()
     a = subprocess.run([sys.executable, "-m", "pdnode.verify", "--plan", str(plan_file), *common],
                        capture_output=True, text=True, timeout=120, env=env)
@@ -222,9 +251,16 @@ def test_transfer_stalled(node, plan, key_file):
     assert checks["disaggregation"].status == "FAIL" and "KV transfers failed" in checks["disaggregation"].evidence
     assert "WAITING_TIMEOUT" in checks["disaggregation"].hint
     assert checks["completion"].status == "FAIL" and "did not reach decode" in checks["completion"].hint
-    # a second run finds the router's circuit breaker open (a real 0.3.2 behaviour)
+    # a second run finds the router's circuit breaker open (a real 0.3.2 behaviour): the
+    # router check says so without failing; the completion fails, and its hint gives the
+    # plan's circuit timeout
     rep2 = run_verify(plan, key_file, "after_transfer_stall", skip_burst=True)
-    assert "circuit breaker open" in by_id(rep2)["router"].evidence, explain(rep2)
+    c2 = by_id(rep2)
+    assert c2["router"].status == "PASS", explain(rep2)
+    assert "circuit breaker not closed for" in c2["router"].evidence, explain(rep2)
+    if c2["completion"].status == "FAIL":
+        secs = plan["router"]["cb_timeout_duration_secs"]
+        assert f"for {secs} s (cb_timeout_duration_secs in the plan" in c2["completion"].hint, explain(rep2)
 
 
 def test_decode_stopped(node, plan, key_file):

@@ -7,7 +7,6 @@ import time
 
 import pytest
 from conftest import minimal_plan
-
 from pdnode.verify import checks
 from pdnode.verify import services as svc
 from pdnode.verify.checks import FAIL, PASS, WARN, Ctx, check_services
