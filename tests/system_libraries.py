@@ -44,6 +44,7 @@ def shared_objects(site_packages: Path) -> list[Path]:
 def unresolved(paths: list[Path]) -> dict[str, list[Path]]:
     """soname -> the shared objects that need it and cannot find it."""
     missing: dict[str, list[Path]] = {}
+    carried = {p.name for p in paths}
     for chunk in (paths[i:i + 200] for i in range(0, len(paths), 200)):
         # One ldd call per chunk: it prints "FILE:" before each file's dependencies
         # (but no such line when it was given one file).
@@ -54,7 +55,9 @@ def unresolved(paths: list[Path]) -> dict[str, list[Path]]:
                 current = Path(line[:-1])
                 continue
             m = _NOT_FOUND.match(line)
-            if m and current is not None:
+            # A library that the same environment carries (triton's plugins link
+            # triton/_C/libtriton.so without an rpath) is loaded by its package first.
+            if m and current is not None and m.group(1) not in carried:
                 missing.setdefault(m.group(1), []).append(current)
     return missing
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from . import values
 from .fields import BY_NAME, FIELDS, REQUIRED, THRESHOLD_KEYS
 
 MODEL_KINDS = ("moe_mla", "moe", "dense")
@@ -66,7 +67,7 @@ class Problem:
     severity: str = "error"  # error | warning
 
     def __str__(self) -> str:
-        return f"{self.field}={_show(self.value)}: {self.rule}. Fix: {self.fix}."
+        return f"{values.safe_name(self.field)}={_show(self.value)}: {self.rule}. Fix: {self.fix}."
 
 
 class PlanError(Exception):
@@ -106,7 +107,8 @@ class Plan:
 
 def _show(value: Any) -> str:
     if isinstance(value, str):
-        return repr(value)
+        # repr: a newline or escape in a value shows as \n, never as a new line
+        return repr(value) if len(value) <= 120 else f"{value[:100]!r}... ({len(value)} characters)"
     return str(value)
 
 
@@ -269,6 +271,8 @@ def _check_extra(c: _Checker, role: str, extra: Any, known: frozenset[str]) -> N
             hint = f" (did you mean {close[0]}?)" if close else ""
             c.error(f"{name}.{key}", value, "is not a ServerArgs field of SGLang 0.5.23",
                     f"use a field name from `python -m sglang.launch_server --help` with underscores{hint}")
+        else:
+            values.check_server_arg(c.error, name, key, value)  # type, choices, secrets
 
 
 def _check_moe(c: _Checker, kind: Any, tp: Any, attn_dp: Any, ep: Any, dense_tp: Any,
@@ -352,6 +356,11 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
     _unknown_variables(c)
     v = {f.name: c.get(f.name) for f in FIELDS}
     known = known_server_args()
+    # Every value that reaches a unit, an environment file, argv or a path: strict patterns.
+    skip = values.backstop(c.raw, [f.name for f in FIELDS], c.error)
+    values.check_settings(v, skip, c.error)
+    if v["pdnode_model_load_format"] is not None and "pdnode_model_load_format" not in skip:
+        values.check_load_format(c.error, v["pdnode_model_load_format"])
 
     if v["pdnode_engine"] is not None and v["pdnode_engine"] not in ENGINES:
         c.error("pdnode_engine", v["pdnode_engine"], "unknown engine", "use sglang (real) or sim (stand-in)")
@@ -412,6 +421,8 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
         elif key in OWNED_ROUTER_ARGS:
             c.error(f"pdnode_router_extra_args.{key}", value, f"is set by the plan from {OWNED_ROUTER_ARGS[key]}",
                     "remove it from pdnode_router_extra_args")
+        else:
+            values.check_router_arg(c.error, key, value)  # known name, type, choices, secrets
     metrics_host = v["pdnode_router_metrics_host"]
     if isinstance(metrics_host, str) and not _is_loopback(metrics_host):
         c.warn("pdnode_router_metrics_host", metrics_host, "router metrics are reachable beyond this host",
