@@ -14,10 +14,11 @@ from system_libraries import explain, shared_objects, unresolved  # noqa: E402
 
 pytestmark = pytest.mark.conformance
 
+
 def test_every_shared_object_in_the_validator_resolves(sglang_env):
     site = Path(subprocess.run([str(sglang_env), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     objects = shared_objects(site)
-    assert any(p.parts[-2:-1] == ("torch",) or "torch" in p.parts for p in objects), f"no torch under {site}"
+    assert any("torch" in p.parts for p in objects), f"no torch under {site}"
     problems = explain(unresolved(objects), site)
     assert not problems, "\n".join(problems)
