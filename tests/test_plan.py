@@ -164,7 +164,7 @@ CASES = [
     ),
     pytest.param(
         {'pdnode_model_path': None},
-        ['pdnode_model_path=None: is required and not set. Fix: set pdnode_model_path (absolute path of the model directory on the host) in group_vars.'],
+        ['pdnode_model_path=None: is required and not set. Fix: set pdnode_model_path (absolute path of the model directory on the host (path rule below)) in group_vars.'],
         id='required',
     ),
     pytest.param(

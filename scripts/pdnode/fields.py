@@ -24,20 +24,20 @@ _F = Field
 FIELDS: tuple[Field, ...] = (
     # The host
     _F("pdnode_gpu_count", "int", REQUIRED, "GPUs on the host"),
-    _F("pdnode_gpu_model", "str", REQUIRED, "GPU model as nvidia-smi names it"),
+    _F("pdnode_gpu_model", "str", REQUIRED, "GPU model as nvidia-smi names it (letters, digits, spaces, . _ ( ) / + -; at most 64)"),
     _F("pdnode_driver_branch", "int", 580, "NVIDIA driver branch pinned on the host"),
-    _F("pdnode_service_prefix", "str", "sglang-pd", "systemd unit prefix: <prefix>-prefill, ..."),
+    _F("pdnode_service_prefix", "str", "sglang-pd", "systemd unit prefix: <prefix>-prefill, ... (a-z first, then a-z 0-9 -; at most 40; not ending in -)"),
     _F("pdnode_engine", "str", "sglang", "what the launcher starts: sglang (real) or sim (stand-in)"),
-    _F("pdnode_service_user", "str", "sglang", "system user the three services run as"),
-    _F("pdnode_install_root", "str", "/opt/sglang-pd", "where per-release virtualenvs live"),
-    _F("pdnode_config_dir", "str", "/etc/sglang-pd", "ServerArgs JSON, environment files, secrets"),
+    _F("pdnode_service_user", "str", "sglang", "system user the three services run as (POSIX name: a-z or _ first, then a-z 0-9 _ -; at most 32; not root)"),
+    _F("pdnode_install_root", "str", "/opt/sglang-pd", "where per-release virtualenvs live (host path, see the path rule below; owned by the service user)"),
+    _F("pdnode_config_dir", "str", "/etc/sglang-pd", "ServerArgs JSON, environment files, secrets (host path, see the path rule below; owned by the service user)"),
     _F("pdnode_wheelhouse", "str_or_none", None, "controller directory of wheels for offline installs (made by scripts/wheelhouse; "
-       "relative paths are relative to the repository root)"),
+       "relative paths are relative to the repository root; letters, digits, . _ / + -; at most 200)"),
     _F("pdnode_api_key_file", "str_or_none", None, "controller file holding the API key the router and workers require (relative "
-       "paths are relative to the repository root; copied to the host mode 0400)"),
+       "paths are relative to the repository root; copied to the host mode 0400; letters, digits, . _ / + -)"),
     # The model
-    _F("pdnode_model_path", "str", REQUIRED, "absolute path of the model directory on the host"),
-    _F("pdnode_model_served_name", "str", REQUIRED, "name clients use in 'model'"),
+    _F("pdnode_model_path", "str", REQUIRED, "absolute path of the model directory on the host (path rule below)"),
+    _F("pdnode_model_served_name", "str", REQUIRED, "name clients use in 'model' (letter or digit first, then letters, digits, . _ : / @ + -; at most 128)"),
     _F("pdnode_model_kind", "str", REQUIRED, "moe_mla | moe | dense"),
     _F("pdnode_model_load_format", "str_or_none", None, "SGLang --load-format (dummy: random weights)"),
     # Prefill
@@ -48,7 +48,7 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_prefill_bootstrap_port", "int", 8998, "prefill bootstrap server port"),
     _F("pdnode_prefill_nccl_port", "int", REQUIRED, "prefill NCCL port (distinct from decode's)"),
     _F("pdnode_prefill_mem_fraction_static", "float", 0.85, "prefill --mem-fraction-static"),
-    _F("pdnode_prefill_extra_args", "dict", {}, "more ServerArgs fields for prefill"),
+    _F("pdnode_prefill_extra_args", "dict", {}, "more ServerArgs fields for prefill (names, types and choices of SGLang 0.5.23's parser; no secrets)"),
     # Decode
     _F("pdnode_decode_gpus", "int_list", REQUIRED, "physical GPU ids of decode, contiguous"),
     _F("pdnode_decode_tp_size", "int", REQUIRED, "decode tp_size: ALL GPUs of the instance"),
@@ -59,25 +59,25 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_decode_port", "int", 30001, "decode HTTP port (loopback); port+233..+239 also bound"),
     _F("pdnode_decode_nccl_port", "int", REQUIRED, "decode NCCL port (distinct from prefill's)"),
     _F("pdnode_decode_mem_fraction_static", "float", 0.85, "decode --mem-fraction-static"),
-    _F("pdnode_decode_extra_args", "dict", {}, "more ServerArgs fields for decode"),
+    _F("pdnode_decode_extra_args", "dict", {}, "more ServerArgs fields for decode (names, types and choices of SGLang 0.5.23's parser; no secrets)"),
     # Where prefill and decode listen (the router is the only public listener)
     _F("pdnode_worker_host", "str", "127.0.0.1", "address prefill and decode bind (loopback)"),
     # KV transfer
     _F("pdnode_transfer_backend", "str", "mooncake", "mooncake | mooncake_tcp | nixl"),
     _F("pdnode_ib_devices", "dict", {}, "physical GPU id -> RDMA device(s), e.g. {0: mlx5_0}"),
     # Router
-    _F("pdnode_router_host", "str", "0.0.0.0", "router bind address (the public endpoint)"),
+    _F("pdnode_router_host", "str", "0.0.0.0", "router bind address (the public endpoint; an IP address or a DNS name)"),
     _F("pdnode_router_port", "int", 8000, "router HTTP port (its own default 30000 collides)"),
-    _F("pdnode_router_metrics_host", "str", "127.0.0.1", "router Prometheus listener address"),
+    _F("pdnode_router_metrics_host", "str", "127.0.0.1", "router Prometheus listener address (an IP address or a DNS name)"),
     _F("pdnode_router_metrics_port", "int", 29000, "router Prometheus listener port"),
     _F("pdnode_router_policy", "str", "cache_aware", "random | round_robin | cache_aware | power_of_two"),
     _F("pdnode_router_worker_startup_timeout_s", "int", 1800, "how long the router waits for workers"),
     _F("pdnode_router_circuit_open_s", "int", 5,
        "seconds a tripped circuit breaker stays open (router default 60: one prefill and one "
        "decode have no other worker to fail over to, so a long open circuit only prolongs an outage)"),
-    _F("pdnode_router_extra_args", "dict", {}, "more sglang-router arguments (underscored names)"),
+    _F("pdnode_router_extra_args", "dict", {}, "more sglang-router arguments (underscored names, types and choices of its parser; no secrets)"),
     # Environment of the engines (SGLANG_*, MC_*, ...), common to prefill and decode
-    _F("pdnode_engine_environment", "dict", {}, "extra environment for prefill and decode"),
+    _F("pdnode_engine_environment", "dict", {}, "extra environment for prefill and decode (names A-Z 0-9 _; values letters, digits, _ . , : / @ + = -)"),
     # Versions
     _F("pdnode_sglang_version", "str", "0.5.23", "SGLang release installed on the host"),
     _F("pdnode_sglang_router_version", "str", "0.3.2", "sglang-router release"),
@@ -90,8 +90,8 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_verify_burst_concurrency", "int", 4, "concurrent requests in the burst"),
     _F("pdnode_verify_timeout_s", "float", 60.0, "upper bound on any one verification request"),
     _F("pdnode_verify_reference_prompt", "str", "What is the capital of France? Answer in one word.",
-       "correctness probe prompt (temperature 0)"),
-    _F("pdnode_verify_reference_answer", "str", "Paris", "text the probe's answer must contain"),
+       "correctness probe prompt (temperature 0; at most 4000 characters)"),
+    _F("pdnode_verify_reference_answer", "str", "Paris", "text the probe's answer must contain (at most 200 characters)"),
     _F("pdnode_verify_thresholds", "dict", {}, "metric thresholds, see THRESHOLD_KEYS"),
     # Stand-in engine knobs (pdnode_engine: sim)
     _F("pdnode_sim_prefill_ms_per_token", "float", 0.05, "stand-in prefill time per prompt token"),

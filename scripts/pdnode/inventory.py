@@ -45,6 +45,9 @@ def _read_yaml(path: Path) -> Any:
             return yaml.load(fh, Loader=_Loader)  # noqa: S506 - SafeLoader subclass
     except OSError as exc:
         raise InventoryError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise InventoryError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                             f"{exc.start}); save the file as UTF-8") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

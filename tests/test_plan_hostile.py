@@ -1,0 +1,279 @@
+"""Hostile and careless inventory values (issue 9, item 2): every value that reaches a
+unit, an environment file, a command line or a path is held to a strict pattern, one
+line per problem naming the variable, the value, the rule and the fix.
+
+Each case starts from inventories/gpu01 (valid) and changes a few variables.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pdnode import argtable
+from pdnode.inventory import load_inventory
+from pdnode.plan import PlanError, build_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU01 = ROOT / "inventories" / "gpu01"
+INJECT = "8M\nExecStartPre=+/bin/touch /run/pwned"
+
+
+@pytest.fixture(scope="module")
+def gpu01_vars():
+    return load_inventory(GPU01).variables
+
+
+def _problems(base, changes):
+    v = copy.deepcopy(base)
+    v.update(changes)
+    try:
+        build_plan(v)
+    except PlanError as exc:
+        return [str(p) for p in exc.problems]
+    return []
+
+
+# (changes, the one problem line starts with ...)
+REFUSED = [
+    pytest.param({"pdnode_service_user": "%u"}, "pdnode_service_user='%u': must be a POSIX system user name", id="user_specifier"),
+    pytest.param({"pdnode_service_user": "0"}, "pdnode_service_user='0': must be a POSIX system user name", id="user_numeric"),
+    pytest.param({"pdnode_service_user": "Sglang"}, "pdnode_service_user='Sglang': must be", id="user_upper"),
+    pytest.param({"pdnode_service_user": "a" * 33}, "pdnode_service_user='aaaa", id="user_long"),
+    pytest.param({"pdnode_service_user": "sg lang"}, "pdnode_service_user='sg lang': must be", id="user_space"),
+    pytest.param({"pdnode_service_prefix": "x$(id>&2)"}, "pdnode_service_prefix='x$(id>&2)': must be a-z first", id="prefix_shell"),
+    pytest.param({"pdnode_service_prefix": "sglang pd"}, "pdnode_service_prefix='sglang pd': must be", id="prefix_space"),
+    pytest.param({"pdnode_service_prefix": "pd%i"}, "pdnode_service_prefix='pd%i': must be", id="prefix_percent"),
+    pytest.param({"pdnode_service_prefix": "p" * 41}, "pdnode_service_prefix='pppp", id="prefix_long"),
+    pytest.param({"pdnode_service_prefix": "pd-"}, "pdnode_service_prefix='pd-': must be", id="prefix_dash_end"),
+    pytest.param({"pdnode_install_root": "/opt/x$(id>&2)"}, "pdnode_install_root='/opt/x$(id>&2)': may contain only", id="root_shell"),
+    pytest.param({"pdnode_install_root": "/opt/sglang pd"}, "pdnode_install_root='/opt/sglang pd': may contain only", id="root_space"),
+    pytest.param({"pdnode_install_root": "/opt/sglang/../../etc"}, "pdnode_install_root='/opt/sglang/../../etc': is not a normalized path", id="root_dotdot"),
+    pytest.param({"pdnode_install_root": "/opt/" + "a" * 2_000_000}, "pdnode_install_root='/opt/aaaa", id="root_2mb"),
+    pytest.param({"pdnode_install_root": "/opt"}, "pdnode_install_root='/opt': is a system directory", id="root_opt"),
+    pytest.param({"pdnode_install_root": "/usr/local"}, "pdnode_install_root='/usr/local': is a system directory", id="root_usr_local"),
+    pytest.param({"pdnode_config_dir": "/etc"}, "pdnode_config_dir='/etc': is a system directory", id="config_etc"),
+    pytest.param({"pdnode_config_dir": "/"}, "pdnode_config_dir='/': is a system directory", id="config_root"),
+    pytest.param({"pdnode_config_dir": "/tmp"}, "pdnode_config_dir='/tmp': is a system directory", id="config_tmp"),
+    pytest.param({"pdnode_config_dir": "/tmp/sglang-pd"}, "pdnode_config_dir='/tmp/sglang-pd': is a system directory", id="config_under_tmp"),
+    pytest.param({"pdnode_config_dir": "/etc/sglang%pd"}, "pdnode_config_dir='/etc/sglang%pd': may contain only", id="config_percent"),
+    pytest.param({"pdnode_config_dir": "/etc/sglang-pd/"}, "pdnode_config_dir='/etc/sglang-pd/': is not a normalized path", id="config_slash"),
+    pytest.param({"pdnode_model_path": "/models/My Model"}, "pdnode_model_path='/models/My Model': may contain only", id="model_space"),
+    pytest.param({"pdnode_model_path": "/models/../etc/shadow"}, "pdnode_model_path='/models/../etc/shadow': is not a normalized", id="model_dotdot"),
+    pytest.param({"pdnode_model_served_name": "m\nExecStartPre=+/bin/touch /run/pwned"},
+                 "pdnode_model_served_name='m\\nExecStartPre=+/bin/touch /run/pwned': contains a control character", id="served_newline"),
+    pytest.param({"pdnode_model_served_name": "x%H"}, "pdnode_model_served_name='x%H': must be a letter or digit first", id="served_percent"),
+    pytest.param({"pdnode_model_served_name": "my model"}, "pdnode_model_served_name='my model': must be", id="served_space"),
+    pytest.param({"pdnode_model_served_name": "m" * 129}, "pdnode_model_served_name='mmmm", id="served_long"),
+    pytest.param({"pdnode_gpu_model": "NVIDIA H200\x1b[2J"}, "pdnode_gpu_model='NVIDIA H200\\x1b[2J': contains a control character", id="gpu_escape"),
+    pytest.param({"pdnode_gpu_model": "NVIDIA;H200"}, "pdnode_gpu_model='NVIDIA;H200': must be a GPU name", id="gpu_semicolon"),
+    pytest.param({"pdnode_engine_environment": {"sglang_x": "1"}}, "pdnode_engine_environment.sglang_x='1': the variable name must be", id="env_lower"),
+    pytest.param({"pdnode_engine_environment": {"A B": 1}}, "'pdnode_engine_environment.A B'=1: the variable name must be", id="env_space_name"),
+    pytest.param({"pdnode_engine_environment": {"X": "a\nY=b"}}, "pdnode_engine_environment.X='a\\nY=b': contains a control character", id="env_newline"),
+    pytest.param({"pdnode_engine_environment": {"X": "$HOME"}}, "pdnode_engine_environment.X='$HOME': may contain only", id="env_dollar"),
+    pytest.param({"pdnode_engine_environment": {"X": '"quoted"'}}, "pdnode_engine_environment.X='\"quoted\"': may contain only", id="env_quote"),
+    pytest.param({"pdnode_engine_environment": {"X": "a b"}}, "pdnode_engine_environment.X='a b': may contain only", id="env_space"),
+    pytest.param({"pdnode_engine_environment": {"X": [1]}}, "pdnode_engine_environment.X=[1]: must be a string", id="env_list"),
+    pytest.param({"pdnode_prefill_extra_args": {"lora_paths": ["a", "--host", "0.0.0.0", "--api-key", "KEY"]}},
+                 "pdnode_prefill_extra_args.lora_paths=['a', '--host', '0.0.0.0', '--api-key', 'KEY']: item '--host': "
+                 "a value may not start with '-'", id="extra_list_flags"),
+    pytest.param({"pdnode_decode_extra_args": {"moe_a2a_backend": "bogus"}},
+                 "pdnode_decode_extra_args.moe_a2a_backend='bogus': --moe-a2a-backend accepts only", id="extra_choices"),
+    pytest.param({"pdnode_prefill_extra_args": {"chunked_prefill_size": "abc"}},
+                 "pdnode_prefill_extra_args.chunked_prefill_size='abc': --chunked-prefill-size takes an integer", id="extra_int"),
+    pytest.param({"pdnode_prefill_extra_args": {"chunked_prefill_size": True}},
+                 "pdnode_prefill_extra_args.chunked_prefill_size=True: --chunked-prefill-size takes a value", id="extra_bool_for_int"),
+    pytest.param({"pdnode_prefill_extra_args": {"watchdog_timeout": "-5"}},
+                 "pdnode_prefill_extra_args.watchdog_timeout='-5': --watchdog-timeout takes a number", id="extra_float"),
+    pytest.param({"pdnode_prefill_extra_args": {"admin_api_key": "S3CRET"}},
+                 "pdnode_prefill_extra_args.admin_api_key='<hidden>': holds a secret", id="extra_secret"),
+    pytest.param({"pdnode_prefill_extra_args": {"enable_metrics_for_all_schedulers": "yes"}},
+                 "pdnode_prefill_extra_args.enable_metrics_for_all_schedulers='yes': --enable-metrics-for-all-schedulers is an on/off flag",
+                 id="extra_flag"),
+    pytest.param({"pdnode_prefill_extra_args": {"dtype": "--x"}}, "pdnode_prefill_extra_args.dtype='--x': a value may not start with '-'", id="extra_dash_choice"),
+    pytest.param({"pdnode_model_load_format": "bogus"}, "pdnode_model_load_format='bogus': --load-format accepts only", id="load_format"),
+    pytest.param({"pdnode_router_extra_args": {"api-key": "SECRET"}},
+                 "pdnode_router_extra_args.api-key='<hidden>': holds a secret", id="router_dash_secret"),
+    pytest.param({"pdnode_router_extra_args": {"control_plane_api_keys": ["SECRET"]}},
+                 "pdnode_router_extra_args.control_plane_api_keys='<hidden>': holds a secret", id="router_secret"),
+    pytest.param({"pdnode_router_extra_args": {"oracle_password": "SECRET"}},
+                 "pdnode_router_extra_args.oracle_password='<hidden>': holds a secret", id="router_password"),
+    pytest.param({"pdnode_router_extra_args": {"retry-max-retries": 3}},
+                 "pdnode_router_extra_args.retry-max-retries=3: is spelled with dashes; the plan takes sglang-router's "
+                 "underscored names. Fix: write retry_max_retries.", id="router_dash"),
+    pytest.param({"pdnode_router_extra_args": {"no_such_option": 1}},
+                 "pdnode_router_extra_args.no_such_option=1: is not an argument of sglang-router 0.3.2", id="router_unknown"),
+    pytest.param({"pdnode_router_extra_args": {"retry_max_retries": "many"}},
+                 "pdnode_router_extra_args.retry_max_retries='many': --retry-max-retries takes an integer", id="router_int"),
+    pytest.param({"pdnode_router_extra_args": {"log_level": "loud"}},
+                 "pdnode_router_extra_args.log_level='loud': --log-level accepts only debug, error, info, warn", id="router_choice"),
+    pytest.param({"pdnode_router_extra_args": {"log_dir": "--api-key"}},
+                 "pdnode_router_extra_args.log_dir='--api-key': a value may not start with '-'", id="router_dash_value"),
+    pytest.param({"pdnode_ib_devices": {**{i: f"mlx5_{i}" for i in range(1, 8)}, "0\n": "mlx5_0"}},
+                 "pdnode_ib_devices='0\\n': contains a control character", id="ib_key_newline"),
+    pytest.param({"pdnode_router_host": "0.0.0.0 --api-key x"}, "pdnode_router_host='0.0.0.0 --api-key x': must be an IP address or a DNS name", id="router_host"),
+    pytest.param({"pdnode_router_metrics_host": "-h"}, "pdnode_router_metrics_host='-h': must be an IP address or a DNS name", id="metrics_host"),
+    pytest.param({"pdnode_sglang_version": "0.5.23 --index-url x"}, "pdnode_sglang_version='0.5.23 --index-url x': must be a release number", id="version"),
+    pytest.param({"pdnode_wheelhouse": "-r evil"}, "pdnode_wheelhouse='-r evil': must be a controller path", id="wheelhouse"),
+    pytest.param({"pdnode_api_key_file": "keys/a key"}, "pdnode_api_key_file='keys/a key': must be a controller path", id="key_file"),
+    pytest.param({"pdnode_verify_reference_prompt": "q" * 4001}, "pdnode_verify_reference_prompt='qqqq", id="prompt_long"),
+    pytest.param({"pdnode_verify_reference_answer": "Paris\n"}, "pdnode_verify_reference_answer='Paris\\n': contains a control character", id="answer_newline"),
+    pytest.param({"pdnode_sim_startup_s": float("nan")}, "pdnode_sim_startup_s=nan: is not a finite number", id="nan"),
+    pytest.param({"pdnode_x\ny": 1}, "'pdnode_x\\ny'=1: is not a variable this bundle knows", id="unknown_name_newline"),
+]
+
+
+@pytest.mark.parametrize(("changes", "start"), REFUSED)
+def test_hostile_value_is_refused_with_one_line(gpu01_vars, changes, start):
+    problems = _problems(gpu01_vars, changes)
+    assert len(problems) == 1, problems
+    line = problems[0]
+    assert line.startswith(start), line
+    assert "\n" not in line and "\x1b" not in line and ". Fix: " in line
+    assert len(line) < 1000  # a 2 MB value is shortened, not printed
+    assert "SECRET" not in line and "S3CRET" not in line  # secrets are not echoed
+
+
+ACCEPTED = [
+    pytest.param({"pdnode_model_served_name": "org/Model-Name_v1.5:fp8"}, id="served_realistic"),
+    pytest.param({"pdnode_service_user": "_sglang-pd1"}, id="user"),
+    pytest.param({"pdnode_service_prefix": "pd-node2"}, id="prefix"),
+    pytest.param({"pdnode_install_root": "/srv/ai/sglang-pd", "pdnode_config_dir": "/etc/sglang-pd.d"}, id="paths"),
+    pytest.param({"pdnode_model_path": "/models/Qwen2.5-7B-Instruct"}, id="model_path"),
+    pytest.param({"pdnode_engine_environment": {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": 600,
+                                                "MC_TCP_BIND_ADDRESS": "10.0.0.1", "NCCL_IB_HCA": "mlx5_0,mlx5_1",
+                                                "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": True}}, id="environment"),
+    pytest.param({"pdnode_prefill_extra_args": {"chunked_prefill_size": 8192, "watchdog_timeout": 600,
+                                                "dtype": "bfloat16", "enable_metrics_for_all_schedulers": True,
+                                                "json_model_override_args": {"a": 1}}}, id="extra_args"),
+    pytest.param({"pdnode_decode_extra_args": {"moe_a2a_backend": "none"}}, id="extra_choice"),
+    pytest.param({"pdnode_router_extra_args": {"retry_max_retries": 3, "log_level": "info",
+                                               "request_timeout_secs": 600}}, id="router_extra"),
+    pytest.param({"pdnode_router_host": "node1.example.net", "pdnode_router_metrics_host": "::1"}, id="hosts"),
+    pytest.param({"pdnode_gpu_model": "NVIDIA A100-SXM4-80GB"}, id="gpu_model"),
+    pytest.param({"pdnode_mooncake_version": "0.3.13.post1", "pdnode_wheelhouse": "../wheels/x86_64"}, id="versions"),
+]
+
+
+@pytest.mark.parametrize("changes", ACCEPTED)
+def test_realistic_values_pass(gpu01_vars, changes):
+    assert _problems(gpu01_vars, changes) == []
+
+
+def test_router_argument_table_is_the_installed_router():
+    """scripts/pdnode/data/routerargs-0.3.2.json is sglang-router's own parser (in .venv)."""
+    pytest.importorskip("sglang_router")  # in .venv by scripts/setup; the suite runs there
+    from importlib.metadata import version
+
+    assert version("sglang-router") == "0.3.2"
+    committed = json.loads((ROOT / "scripts/pdnode/data/routerargs-0.3.2.json").read_text())
+    assert committed["args"] == json.loads(argtable.dump(argtable.router_table(), ""))["args"], (
+        "regenerate: .venv/bin/python -m pdnode.argtable router > scripts/pdnode/data/routerargs-0.3.2.json")
+
+
+def test_every_owned_router_argument_exists_in_the_table():
+    """The plan's own router arguments are real ones (a rename would otherwise pass)."""
+    from pdnode.plan import OWNED_ROUTER_ARGS
+
+    table = argtable.load(argtable.ROUTER_TABLE)
+    assert sorted(set(OWNED_ROUTER_ARGS) - set(table)) == []
+
+
+def test_every_owned_server_argument_exists_in_the_table():
+    """The plan writes these itself; each must be a real flag of SGLang 0.5.23 (a rename
+    in SGLang would otherwise pass the plan and fail at start)."""
+    from pdnode.plan import OWNED_SERVER_ARGS
+
+    table = argtable.load(argtable.SGLANG_TABLE)
+    assert sorted(set(OWNED_SERVER_ARGS) - set(table)) == []
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "pdnode.cli", *args], check=False, capture_output=True, text=True,
+                          cwd=ROOT, timeout=30)
+
+
+def _inventory_with(tmp_path, content: bytes) -> Path:
+    inv = tmp_path / "inv"
+    shutil.copytree(GPU01, inv)
+    (inv / "group_vars" / "all" / "zz-extra.yml").write_bytes(content)
+    return inv
+
+
+def test_cli_non_utf8_var_file_exits_2_with_one_line(tmp_path):
+    inv = _inventory_with(tmp_path, b"---\npdnode_model_served_name: caf\xe9\n")
+    r = _cli("check", str(inv))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "zz-extra.yml: not UTF-8 text (byte 0xe9" in lines[0], r.stderr
+
+
+def test_cli_refuses_the_issue_reproductions(tmp_path):
+    """The values of issue 9 item 2 (all accepted before): exit 1, one line each."""
+    inv = _inventory_with(tmp_path, (
+        b"---\npdnode_service_user: '%u'\npdnode_config_dir: /etc\n"
+        b"pdnode_model_served_name: \"m\\nExecStartPre=+/bin/touch /run/pwned\"\n"
+        b"pdnode_router_extra_args: {api-key: SECRET}\n"
+        b"pdnode_prefill_extra_args: {lora_paths: [a, --host, 0.0.0.0, --api-key, KEY]}\n"
+        b"pdnode_decode_extra_args: {moe_a2a_backend: bogus, chunked_prefill_size: abc}\n"))
+    r = _cli("check", str(inv))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert "7 problems" in lines[0], r.stderr
+    assert len(lines) == 8 and "SECRET" not in r.stderr and "Traceback" not in r.stderr
+
+
+ROLE_CASES = {
+    "pd_services": (
+        {"pd_services_limit_memlock": "infinity", "pd_services_limit_nofile": 1048576,
+         "pd_services_ready_timeout_s": 1800},
+        {"memlock_inject": {"pd_services_limit_memlock": INJECT},
+         "memlock_unit": {"pd_services_limit_memlock": "8MB"},
+         "memlock_newline": {"pd_services_limit_memlock": "8M\n"},
+         "nofile_inject": {"pd_services_limit_nofile": "1024\nUser=root"},
+         "timeout_arg": {"pd_services_ready_timeout_s": "60 --x"},
+         "timeout_zero": {"pd_services_ready_timeout_s": 0}}),
+    "rdma": (
+        {"rdma_memlock_users": ["sglang", "@rdma"], "rdma_memlock_limit": "unlimited"},
+        {"users_inject": {"rdma_memlock_users": ["sglang\n*"]},
+         "users_space": {"rdma_memlock_users": ["sglang hard"]},
+         "limit_inject": {"rdma_memlock_limit": "unlimited\n* hard nofile 1"}}),
+}
+
+
+@pytest.mark.parametrize("role", sorted(ROLE_CASES))
+def test_the_role_refuses_an_injection_in_its_own_values(tmp_path, role):
+    """roles/<role>/tasks/validate.yml: the role's own variables (not pdnode_*) are
+    checked before anything is written. One local run, one inventory host per case."""
+    ansible = Path(sys.executable).parent / "ansible-playbook"
+    if not ansible.exists():
+        pytest.fail("ansible-playbook is not beside this Python (run the suite with .venv/bin/python)")
+    good, cases = ROLE_CASES[role]
+    hosts = {name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **good, **bad}
+             for name, bad in {"ok": {}, **cases}.items()}
+    (tmp_path / "hosts.json").write_text(json.dumps({"all": {"hosts": hosts}}))
+    (tmp_path / "p.yml").write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        f"    - ansible.builtin.import_tasks: {ROOT}/roles/{role}/tasks/validate.yml\n")
+    env = {"PATH": f"{ansible.parent}:/usr/bin:/bin", "HOME": str(tmp_path), "ANSIBLE_STDOUT_CALLBACK": "json",
+           "ANSIBLE_LOCALHOST_WARNING": "0"}
+    r = subprocess.run([str(ansible), "-i", str(tmp_path / "hosts.json"), str(tmp_path / "p.yml")],
+                       check=False, capture_output=True, text=True, env=env, timeout=300)
+    report = json.loads(r.stdout)
+    failed = {}
+    for task in report["plays"][0]["tasks"]:
+        for host, result in task["hosts"].items():
+            if result.get("failed"):
+                # a loop's result holds one result per item
+                msgs = [x.get("msg", "") for x in result.get("results", [])] or [result.get("msg", "")]
+                failed[host] = next(m for m in msgs if m)
+    assert sorted(failed) == sorted(cases), failed
+    for host, msg in failed.items():
+        name = next(iter(cases[host]))
+        assert msg.startswith(f"{name} must") and "\n" not in msg and "fix:" in msg, msg
