@@ -56,6 +56,13 @@ def test_entered_active_again_while_watched_is_a_restart():
     assert verdict == svc.FAIL and "entered active again" in ev
 
 
+def test_a_start_finishing_while_watched_is_no_restart():
+    # read once during ExecStartPost (the readiness gate), once after: not a loop
+    verdict, ev = judge(state(restarts=1, mono=398_000_000), now_mono_s=400.0,
+                        first=state(active="activating", sub="start-post", restarts=1, mono=300_000_000), watched_s=4)
+    assert verdict == svc.WARN, ev
+
+
 def test_restarted_once_long_ago_is_fine():
     verdict, ev = judge(state(restarts=1), now_mono_s=4000.0)
     assert verdict == svc.OK and "restarted 1 times" in ev

@@ -80,8 +80,10 @@ def judge(state: UnitState, now_mono_s: float, *, first: UnitState | None = None
     if state.load != "loaded":
         return FAIL, f"{state.unit}: not installed (LoadState={state.load or '?'})"
     rose = first is not None and state.restarts > first.restarts
-    again = (first is not None and first.entered_mono_us and state.entered_mono_us
-             and state.entered_mono_us != first.entered_mono_us)
+    # entered 'active' again: a restart, unless the first look caught the start itself
+    # finishing (activating -> active, NRestarts unchanged)
+    again = (first is not None and first.active == "active" and first.entered_mono_us
+             and state.entered_mono_us and state.entered_mono_us != first.entered_mono_us)
     watched = f" in the {watched_s:.0f} s watched" if first is not None else ""
     loop = ""
     if rose:
