@@ -244,6 +244,14 @@ ROLE_CASES = {
         {"users_inject": {"rdma_memlock_users": ["sglang\n*"]},
          "users_space": {"rdma_memlock_users": ["sglang hard"]},
          "limit_inject": {"rdma_memlock_limit": "unlimited\n* hard nofile 1"}}),
+    "nvidia_driver": (
+        {"nvidia_driver_version": "580.159.04", "nvidia_driver_repo_base_url": "https://mirror.example/cuda/repos",
+         "nvidia_driver_repo_key_name": "3bf863cc.pub", "nvidia_driver_extra_packages": ["datacenter-gpu-manager"]},
+        {"version_option": {"nvidia_driver_version": "580 -o Debug::pkgProblemResolver=1"},
+         "url_field": {"nvidia_driver_repo_base_url": "https://mirror.example/repos\nTrusted: yes"},
+         "url_space": {"nvidia_driver_repo_base_url": "https://mirror.example/a b"},
+         "key_path": {"nvidia_driver_repo_key_name": "../../key"},
+         "package_option": {"nvidia_driver_extra_packages": ["--allow-unauthenticated"]}}),
 }
 
 
