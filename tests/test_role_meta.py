@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from pdnode.preflight import DEFAULT_SUPPORTED_OS
 
 ROOT = Path(__file__).resolve().parents[1]
