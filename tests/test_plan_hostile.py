@@ -124,6 +124,9 @@ REFUSED = [
     pytest.param({"pdnode_verify_reference_prompt": "q" * 4001}, "pdnode_verify_reference_prompt='qqqq", id="prompt_long"),
     pytest.param({"pdnode_verify_reference_answer": "Paris\n"}, "pdnode_verify_reference_answer='Paris\\n': contains a control character", id="answer_newline"),
     pytest.param({"pdnode_sim_startup_s": float("nan")}, "pdnode_sim_startup_s=nan: is not a finite number", id="nan"),
+    pytest.param({"pd_services_limit_memlock": INJECT},
+                 "pd_services_limit_memlock='8M\\nExecStartPre=+/bin/touch /run/pwned': must be a number", id="role_memlock"),
+    pytest.param({"pd_services_ready_timeout_s": "60 --x"}, "pd_services_ready_timeout_s='60 --x': must be", id="role_timeout"),
     pytest.param({"pdnode_x\ny": 1}, "'pdnode_x\\ny'=1: is not a variable this bundle knows", id="unknown_name_newline"),
 ]
 
@@ -156,6 +159,8 @@ ACCEPTED = [
                                                "request_timeout_secs": 600}}, id="router_extra"),
     pytest.param({"pdnode_router_host": "node1.example.net", "pdnode_router_metrics_host": "::1"}, id="hosts"),
     pytest.param({"pdnode_gpu_model": "NVIDIA A100-SXM4-80GB"}, id="gpu_model"),
+    pytest.param({"pd_services_limit_memlock": "8M", "pd_services_limit_nofile": "infinity",
+                  "pd_services_ready_timeout_s": 60, "rdma_memlock_limit": 65536}, id="role_values"),
     pytest.param({"pdnode_mooncake_version": "0.3.13.post1", "pdnode_wheelhouse": "../wheels/x86_64"}, id="versions"),
 ]
 
@@ -217,7 +222,8 @@ def test_cli_non_utf8_var_file_exits_2_with_one_line(tmp_path):
 def test_cli_refuses_the_issue_reproductions(tmp_path):
     """The values of issue 9 item 2 (all accepted before): exit 1, one line each."""
     inv = _inventory_with(tmp_path, (
-        b"---\npdnode_service_user: '%u'\npdnode_config_dir: /etc\n"
+        b"---\npd_services_limit_memlock: \"8M\\nExecStartPre=+/bin/touch /run/pwned\"\n"
+        b"pdnode_service_user: '%u'\npdnode_config_dir: /etc\n"
         b"pdnode_model_served_name: \"m\\nExecStartPre=+/bin/touch /run/pwned\"\n"
         b"pdnode_router_extra_args: {api-key: SECRET}\n"
         b"pdnode_prefill_extra_args: {lora_paths: [a, --host, 0.0.0.0, --api-key, KEY]}\n"
@@ -225,8 +231,8 @@ def test_cli_refuses_the_issue_reproductions(tmp_path):
     r = _cli("check", str(inv))
     assert r.returncode == 1, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
-    assert "7 problems" in lines[0], r.stderr
-    assert len(lines) == 8 and "SECRET" not in r.stderr and "Traceback" not in r.stderr
+    assert "8 problems" in lines[0], r.stderr
+    assert len(lines) == 9 and "SECRET" not in r.stderr and "Traceback" not in r.stderr
 
 
 ROLE_CASES = {

@@ -359,6 +359,7 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
     # Every value that reaches a unit, an environment file, argv or a path: strict patterns.
     skip = values.backstop(c.raw, [f.name for f in FIELDS], c.error)
     values.check_settings(v, skip, c.error)
+    values.check_role_values(c.raw, c.error)
     if v["pdnode_model_load_format"] is not None and "pdnode_model_load_format" not in skip:
         values.check_load_format(c.error, v["pdnode_model_load_format"])
 

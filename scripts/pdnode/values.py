@@ -256,3 +256,25 @@ def check_router_arg(error: Error, key: Any, value: Any) -> None:
         problem = argtable.value_problem(table[key], value)
         if problem:
             error(where, value, problem, f"write a value {table[key]['flag']} accepts")
+
+
+# Role variables an inventory may set besides pdnode_* (the roles assert the same
+# patterns in tasks/validate.yml at deploy time; checking them here too lets
+# `pdnode check` refuse them before a deploy starts).
+ROLE_PATTERNS = {
+    "pd_services_limit_memlock": (re.compile(r"^([0-9]+[KMGT]?|infinity)\Z"),
+                                  "must be a number with an optional K/M/G/T suffix or infinity (it is a unit line)",
+                                  "use infinity (RDMA) or e.g. 8M"),
+    "pd_services_limit_nofile": (re.compile(r"^([0-9]+|infinity)\Z"), "must be a whole number or infinity",
+                                 "use e.g. 1048576"),
+    "pd_services_ready_timeout_s": (re.compile(r"^[1-9][0-9]{0,6}\Z"), "must be a positive whole number of seconds",
+                                    "use e.g. 1800"),
+    "rdma_memlock_limit": (re.compile(r"^([0-9]+|unlimited)\Z"), "must be unlimited or a number of KiB",
+                           "use unlimited"),
+}
+
+
+def check_role_values(raw: dict[str, Any], error: Error) -> None:
+    for name, (pattern, rule, fix) in ROLE_PATTERNS.items():
+        if name in raw and (isinstance(raw[name], bool) or not pattern.match(str(raw[name]))):
+            error(name, raw[name], rule, fix)
