@@ -541,6 +541,7 @@ def _derive(v: dict[str, Any], ib_map: dict[int, str], ports: dict[str, int],
         "venv": f"{v['pdnode_install_root']}/venvs/{release}", "config_dir": config_dir,
         "engine": v["pdnode_engine"], "prefix": prefix, "target": f"{prefix}.target",
         **{f"unit_{role}": f"{prefix}-{role}.service" for role in ("prefill", "decode", "router")},
+        "python": f"{v['pdnode_install_root']}/venvs/{release}/bin/python",
         "api_key_path": f"{config_dir}/api-key",
         "admin_key_path": f"{config_dir}/router-admin-key",
     }
@@ -574,7 +575,7 @@ def _url_host(host: str) -> str:
 def _services(install: dict[str, Any], prefill: dict[str, Any], decode: dict[str, Any],
               router: dict[str, Any], with_api_key: bool) -> dict[str, dict[str, Any]]:
     """unit, exec argv and readiness URLs of each service."""
-    py = f"{install['venv']}/bin/python"
+    py = install["python"]
     cfg = install["config_dir"]
     key = ["--api-key-file", install["api_key_path"]] if with_api_key else []
     services: dict[str, dict[str, Any]] = {}
@@ -587,7 +588,10 @@ def _services(install: dict[str, Any], prefill: dict[str, Any], decode: dict[str
                          "&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1")
         services[role] = {
             "unit": install[f"unit_{role}"],
-            "exec": [py, "-m", "pdnode.launcher", "--engine", install["engine"], f"{cfg}/{role}.json", *key],
+            # --watchdog-url: the launcher's sidecar feeds systemd's watchdog from /health
+            # (only when the unit sets WatchdogSec=).
+            "exec": [py, "-m", "pdnode.launcher", "--engine", install["engine"], "--watchdog-url", ready[0],
+                     f"{cfg}/{role}.json", *key],
             "ready": ready,
         }
     # The router's worker-management API needs the admin key, always (clients hold only

@@ -1,16 +1,28 @@
 #!/usr/bin/python
-"""Write a set of small files in one round trip (check and diff mode aware)."""
+"""Write a set of small files all-or-nothing in one round trip, and say which services
+do not run what is on disk (check and diff mode aware)."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: pd_services_files
-short_description: Write several small files at once, each validated before it replaces the old
+short_description: Replace several small files all-or-nothing and find services that run stale files
 description:
-  - Writes each file whose content, mode, owner or group differs, atomically (a temporary
-    file in the same directory, validated, then renamed over the old one).
+  - Writes every file whose content, mode, owner or group differs to a temporary file beside
+    it, runs every validator, and only when all of them passed renames the candidates into
+    place. A failed validation removes every candidate and changes nothing.
+  - Validators are argument lists run without a shell; no value can reach a shell.
+  - Renames go data files first, units last (in the order given), and systemd reads units
+    only on a daemon-reload, which the caller runs after this module. A run killed between
+    two renames leaves valid files whose services' digests differ from what they were
+    started with, so the next run finishes the writes and restarts them.
+  - Per service (role), the digest of every file it reads (the files here plus O(inputs))
+    is compared with the digest recorded when that service was last (re)started
+    (O(applied_dir)); a mismatch lists the role in RV(restart_roles) even when nothing was
+    written in this run (for example after a deploy was interrupted before its restart).
+  - With O(record), writes nothing but the records: the digests of the given roles as they
+    are on disk now (call it after those services restarted).
   - One module call instead of one per file keeps a no-change run of the deploy fast.
-  - Returns the paths that changed, so handlers restart only what changed.
 options:
   files:
     description: The files.
@@ -24,8 +36,43 @@ options:
       owner: {description: Owner name., type: str, default: root}
       group: {description: Group name., type: str, default: root}
       validate:
-        description: Command run on the candidate before it is installed; C(%s) is its path.
-        type: str
+        description:
+          - Command run on the candidate before anything is installed, as an argument list
+            (no shell); an element C(%s) is replaced by the candidate's path.
+        type: list
+        elements: str
+      secret:
+        description:
+          - The diff shows that the file changed, never its content. (The module still logs
+            its arguments on the host: pass secrets through a task with no_log as well.)
+        type: bool
+        default: false
+      roles:
+        description: Services that read this file (a change means they must restart).
+        type: list
+        elements: str
+        default: []
+      unit:
+        description: A systemd unit file (a change, or systemd's NeedDaemonReload, asks for a daemon-reload).
+        type: bool
+        default: false
+  inputs:
+    description:
+      - Files the services read that other tasks install (keys, the release's markers);
+        they count in the services' digests, and are never read into the result.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path: {description: Absolute path or glob pattern., type: str, required: true}
+      roles: {description: Services that read it., type: list, elements: str, required: true}
+  applied_dir:
+    description: Root-only directory of the records C(<role>.sha256); without it no role is found stale.
+    type: path
+  record:
+    description: Record these roles' current digests (after they restarted) and write nothing else.
+    type: list
+    elements: str
 author: pdnode
 """
 
@@ -33,7 +80,22 @@ EXAMPLES = r"""
 - name: Write the service files
   pd_services_files:
     files:
-      - {path: /etc/app/app.json, content: "{}", mode: "0640", group: app}
+      - {path: /etc/app/app.json, content: "{}", mode: "0640", group: app, roles: [app]}
+      - path: /etc/systemd/system/app.service
+        content: "{{ lookup('ansible.builtin.template', 'app.service.j2') }}"
+        mode: "0644"
+        unit: true
+        roles: [app]
+        validate: [/usr/bin/python3, -m, pdnode.unitcheck, "%s", app.service]
+    applied_dir: /var/lib/pdnode/applied/app
+  register: written
+
+- name: Record what the restarted services run
+  pd_services_files:
+    files: []
+    inputs: [{path: /etc/app/app.json, roles: [app]}]
+    applied_dir: /var/lib/pdnode/applied/app
+    record: [app]
 """
 
 RETURN = r"""
@@ -42,15 +104,38 @@ changed_paths:
   type: list
   elements: str
   returned: always
+restart_roles:
+  description:
+    - Roles whose files (as written, or as they would be written in check mode) differ
+      from the ones recorded when the service last started; restart them, then O(record).
+  type: list
+  elements: str
+  returned: always
+daemon_reload:
+  description: A unit file changed, or systemd still has an older version of one loaded.
+  type: bool
+  returned: always
+recorded:
+  description: Roles whose records were written (O(record)).
+  type: list
+  elements: str
+  returned: always
 """
 
+import glob
 import grp
+import hashlib
 import os
 import pwd
-import shlex
+import re
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+
+TMP_PREFIX, TMP_SUFFIX = ".pdnode-", ".tmp"
+# mkstemp's names only: a leftover of a killed run, never anything else in /etc.
+TMP_RE = re.compile(r"^\.pdnode-[A-Za-z0-9_]{8}\.tmp$")
+SECRET_DIFF = "(secret: content not shown)\n"
 
 
 def _current(path):
@@ -62,20 +147,171 @@ def _current(path):
         return None, None
 
 
+def _read(path):
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _one_line(text, limit=2000):
+    line = " | ".join(part.strip() for part in (text or "").strip().splitlines() if part.strip())
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _digests(sources, roles):
+    """role -> sha256 over (path, sha256 of content or 'absent') of every file it reads.
+
+    sources: (path, roles, content-or-None) in any order. Only digests leave this function,
+    never content (some inputs are keys).
+    """
+    per_role = {role: [] for role in roles}
+    for path, readers, content in sources:
+        token = hashlib.sha256(content).hexdigest() if content is not None else "absent"
+        for role in readers:
+            per_role.setdefault(role, []).append(f"{path}\0{token}\n")
+    return {role: hashlib.sha256("".join(sorted(lines)).encode()).hexdigest()
+            for role, lines in per_role.items()}
+
+
+def _input_sources(inputs):
+    out = []
+    for spec in inputs:
+        paths = sorted(glob.glob(spec["path"])) if glob.has_magic(spec["path"]) else [spec["path"]]
+        if not paths:
+            out.append((spec["path"], spec["roles"], None))
+        for path in paths:
+            out.append((path, spec["roles"], _read(path)))
+    return out
+
+
+def _record_path(applied_dir, role):
+    return os.path.join(applied_dir, f"{role}.sha256")
+
+
+def _applied(applied_dir, role):
+    raw = _read(_record_path(applied_dir, role))
+    return raw.decode(errors="replace").strip() if raw is not None else None
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_records(applied_dir, digests):
+    os.makedirs(applied_dir, mode=0o700, exist_ok=True)
+    for role, digest in digests.items():
+        fd, tmp = tempfile.mkstemp(dir=applied_dir, prefix=TMP_PREFIX, suffix=TMP_SUFFIX)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(digest + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, _record_path(applied_dir, role))
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    _fsync_dir(applied_dir)
+
+
+def _needs_daemon_reload(module, units):
+    """systemd's own view: a unit file on disk newer than the loaded one (a run killed
+    between the write and the daemon-reload leaves exactly that)."""
+    if not units:
+        return False
+    systemctl = module.get_bin_path("systemctl")
+    if not systemctl:
+        return False
+    rc, out, _ = module.run_command([systemctl, "show", "--property=NeedDaemonReload", "--value", *units],
+                                    expand_user_and_vars=False)
+    return rc == 0 and "yes" in out.split()
+
+
+def _remove_leftovers(dirs):
+    for d in dirs:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            if TMP_RE.match(name):
+                try:
+                    os.unlink(os.path.join(d, name))
+                except OSError:
+                    pass
+
+
+def _validate(module, staged):
+    """Run every validator (argv, no shell); one line per failure, naming the file."""
+    failures = []
+    for item in staged:
+        argv = item["spec"].get("validate")
+        if not argv:
+            continue
+        # Only an element that is exactly %s: a path that happens to contain %s stays as is.
+        cmd = [item["tmp"] if arg == "%s" else arg for arg in argv]
+        try:
+            # No shell and no $VAR/~ expansion: a value in a path stays a literal argument.
+            rc, out, err = module.run_command(cmd, expand_user_and_vars=False, handle_exceptions=False)
+        except OSError as exc:
+            rc, out, err = 127, "", f"cannot run {argv[0]}: {exc.strerror or exc}"
+        if rc != 0:
+            detail = _one_line(err) or _one_line(out) or f"exit {rc}"
+            failures.append(f"{item['path']}: {detail}")
+    return failures
+
+
 def main():
     module = AnsibleModule(
-        argument_spec={"files": {"type": "list", "elements": "dict", "required": True, "options": {
-            "path": {"type": "path", "required": True},
-            "content": {"type": "str", "required": True},
-            "mode": {"type": "str", "required": True},
-            "owner": {"type": "str", "default": "root"},
-            "group": {"type": "str", "default": "root"},
-            "validate": {"type": "str"},
-        }}},
+        argument_spec={
+            "files": {"type": "list", "elements": "dict", "required": True, "options": {
+                "path": {"type": "path", "required": True},
+                "content": {"type": "str", "required": True},
+                "mode": {"type": "str", "required": True},
+                "owner": {"type": "str", "default": "root"},
+                "group": {"type": "str", "default": "root"},
+                "validate": {"type": "list", "elements": "str"},
+                "secret": {"type": "bool", "default": False},
+                "roles": {"type": "list", "elements": "str", "default": []},
+                "unit": {"type": "bool", "default": False},
+            }},
+            "inputs": {"type": "list", "elements": "dict", "default": [], "options": {
+                "path": {"type": "str", "required": True},
+                "roles": {"type": "list", "elements": "str", "required": True},
+            }},
+            "applied_dir": {"type": "path"},
+            "record": {"type": "list", "elements": "str"},
+        },
         supports_check_mode=True,
     )
-    changed, diffs = [], []
-    for spec in module.params["files"]:
+    p = module.params
+    for spec in p["files"]:
+        if spec["secret"]:
+            module.no_log_values.add(spec["content"])
+    roles = sorted({r for spec in p["files"] for r in spec["roles"]} | {r for spec in p["inputs"] for r in spec["roles"]})
+
+    if p["record"] is not None:
+        if not p["applied_dir"]:
+            module.fail_json(msg="record needs applied_dir")
+        unknown = sorted(set(p["record"]) - set(roles))
+        if unknown:
+            module.fail_json(msg=f"record: unknown roles {unknown} (known: {roles})")
+        if module.check_mode or not p["record"]:
+            module.exit_json(changed=False, changed_paths=[], restart_roles=[], daemon_reload=False, recorded=[])
+        sources = [(s["path"], s["roles"], _read(s["path"])) for s in p["files"]] + _input_sources(p["inputs"])
+        digests = _digests(sources, roles)
+        _write_records(p["applied_dir"], {r: digests[r] for r in p["record"]})
+        module.exit_json(changed=True, changed_paths=[], restart_roles=[], daemon_reload=False,
+                         recorded=sorted(p["record"]))
+
+    plan, diffs = [], []
+    for spec in p["files"]:
         path, want = spec["path"], spec["content"].encode()
         mode = int(spec["mode"], 8)
         try:
@@ -86,30 +322,61 @@ def main():
             uid = gid = -1  # in check mode the user may not exist yet
         have, st = _current(path)
         same = have == want and st is not None and (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (mode, uid, gid)
-        if same:
-            continue
-        changed.append(path)
-        if have != want:
-            diffs.append({"before_header": path, "after_header": path,
-                          "before": (have or b"").decode(errors="replace"), "after": spec["content"]})
-        if module.check_mode:
-            continue
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".pdnode-")
+        plan.append({"spec": spec, "path": path, "want": want, "mode": mode, "uid": uid, "gid": gid,
+                     "write": not same})
+        if not same and have != want:
+            if spec["secret"]:
+                before, after = (SECRET_DIFF if have is not None else ""), SECRET_DIFF
+            else:
+                before, after = (have or b"").decode(errors="replace"), spec["content"]
+            diffs.append({"before_header": path, "after_header": path, "before": before, "after": after})
+    writes = [item for item in plan if item["write"]]
+
+    if not module.check_mode and writes:
+        _remove_leftovers(sorted({os.path.dirname(item["path"]) for item in writes}))
+        # Data files first, units last (each group in the given order): an old unit
+        # never points at a file that is not there yet, and systemd reads the new units
+        # only at the daemon-reload after all renames.
+        writes.sort(key=lambda item: item["spec"]["unit"])
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(want)
-            os.chown(tmp, uid, gid)
-            os.chmod(tmp, mode)
-            if spec.get("validate"):
-                cmd = spec["validate"].replace("%s", shlex.quote(tmp))
-                rc, out, err = module.run_command(cmd, use_unsafe_shell=True)
-                if rc != 0:
-                    module.fail_json(msg=f"{path}: validation failed: {cmd}", rc=rc, stdout=out, stderr=err)
-            os.replace(tmp, path)
+            # 1. every candidate beside its destination (same file system: rename is atomic)
+            for item in writes:
+                fd, item["tmp"] = tempfile.mkstemp(dir=os.path.dirname(item["path"]),
+                                                   prefix=TMP_PREFIX, suffix=TMP_SUFFIX)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(item["want"])
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.chown(item["tmp"], item["uid"], item["gid"])
+                os.chmod(item["tmp"], item["mode"])
+            # 2. every validator; one failure and nothing is installed
+            failures = _validate(module, writes)
+            if failures:
+                module.fail_json(msg="validation failed, nothing was changed: " + "; ".join(failures),
+                                 failed_paths=[f.split(":", 1)[0] for f in failures])
+            # 3. only now the renames, last and in order
+            for item in writes:
+                os.replace(item["tmp"], item["path"])
+            for d in sorted({os.path.dirname(item["path"]) for item in writes}):
+                _fsync_dir(d)
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    module.exit_json(changed=bool(changed), changed_paths=changed, diff=diffs)
+            for item in writes:
+                if item.get("tmp") and os.path.exists(item["tmp"]):
+                    os.unlink(item["tmp"])
+
+    restart = []
+    if p["applied_dir"]:
+        # As the files are now (after the writes), or would be (check mode).
+        sources = [(item["path"], item["spec"]["roles"], item["want"] if item["write"] else _read(item["path"]))
+                   for item in plan] + _input_sources(p["inputs"])
+        digests = _digests(sources, roles)
+        restart = [r for r in roles if _applied(p["applied_dir"], r) != digests[r]]
+
+    reload_ = any(item["spec"]["unit"] for item in writes) or _needs_daemon_reload(
+        module, [os.path.basename(item["path"]) for item in plan if item["spec"]["unit"]])
+    changed_paths = [item["path"] for item in plan if item["write"]]
+    module.exit_json(changed=bool(changed_paths or restart or reload_), changed_paths=changed_paths,
+                     restart_roles=restart, daemon_reload=reload_, recorded=[], diff=diffs)
 
 
 if __name__ == "__main__":

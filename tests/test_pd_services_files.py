@@ -1,0 +1,236 @@
+"""roles/pd_services/library/pd_services_files.py: all-or-nothing writes, validators without
+a shell, no secret in a diff, and the per-service digests that make up for a restart
+lost to an interrupted deploy. Runs the module in this process (no host needed).
+"""
+
+from __future__ import annotations
+
+import grp
+import importlib.util
+import io
+import json
+import os
+import pwd
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE = ROOT / "roles" / "pd_services" / "library" / "pd_services_files.py"
+ADMIN_KEY = ROOT / "roles" / "pd_services" / "files" / "admin_key.py"
+pytest.importorskip("ansible.module_utils.basic")
+
+USER = pwd.getpwuid(os.getuid()).pw_name
+GROUP = grp.getgrgid(os.getgid()).gr_name
+
+
+def run(args: dict, check: bool = False, diff: bool = False, patch=None) -> dict:
+    """Run the module in-process; returns its JSON result."""
+    from ansible.module_utils import basic
+
+    spec = importlib.util.spec_from_file_location("pd_services_files", MODULE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if patch:
+        patch(mod)
+    payload = {"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check, "_ansible_diff": diff,
+                                       "_ansible_no_log": False}}
+    basic._ANSIBLE_ARGS = json.dumps(payload).encode()
+    basic._ANSIBLE_PROFILE = "legacy"
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit):
+        mod.main()
+    return json.loads(out.getvalue())
+
+
+def fspec(path: Path, content: str, **kw) -> dict:
+    return {"path": str(path), "content": content, "mode": "0640", "owner": USER, "group": GROUP, **kw}
+
+
+def ok_validator(log: Path) -> list[str]:
+    """A validator that records its argv and accepts."""
+    code = "import json,sys; open(sys.argv[1],'a').write(json.dumps(sys.argv[2:])+'\\n')"
+    return [sys.executable, "-c", code, str(log), "%s"]
+
+
+def failing_validator(message: str) -> list[str]:
+    return [sys.executable, "-c", f"import sys; sys.stderr.write({message!r}); sys.exit(3)", "%s"]
+
+
+def leftovers(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.startswith(".pdnode-"))
+
+
+def test_validator_is_an_argv_list_run_without_a_shell(tmp_path):
+    log = tmp_path / "argv.log"
+    hostile = f"$(touch {tmp_path}/pwned)"
+    result = run({"files": [fspec(tmp_path / "a.json", "{}", validate=ok_validator(log) + [hostile, "$HOME", "~"])]})
+    assert not result.get("failed"), result
+    assert not (tmp_path / "pwned").exists()
+    argv = json.loads(log.read_text())
+    # The candidate (a temporary file beside the destination), then the literal values:
+    # no command substitution, no $VAR or ~ expansion.
+    assert Path(argv[0]).parent == tmp_path and argv[0] != str(tmp_path / "a.json")
+    assert argv[1:] == [hostile, "$HOME", "~"]
+    assert (tmp_path / "a.json").read_text() == "{}"
+
+
+def test_only_an_exact_percent_s_element_is_the_candidate(tmp_path):
+    log = tmp_path / "argv.log"
+    run({"files": [fspec(tmp_path / "a.json", "{}", validate=ok_validator(log) + ["--x=%s"])]})
+    assert json.loads(log.read_text())[1] == "--x=%s"
+
+
+def test_one_failed_validation_changes_nothing(tmp_path):
+    """The 4th file fails: the first three (new and changed) are not written either."""
+    old = tmp_path / "b.env"
+    old.write_text("OLD=1\n")
+    files = [
+        fspec(tmp_path / "a.json", '{"new": 1}'),
+        fspec(old, "NEW=1\n"),
+        fspec(tmp_path / "c.service", "[Service]\n", unit=True),
+        fspec(tmp_path / "d.target", "[Unit]\nbad\n", unit=True,
+              validate=failing_validator("d.target:2: bad line\nsecond line")),
+    ]
+    result = run({"files": files})
+    assert result["failed"]
+    msg = result["msg"]
+    assert "\n" not in msg
+    assert str(tmp_path / "d.target") in msg and "bad line" in msg and "second line" in msg
+    assert "nothing was changed" in msg
+    assert not (tmp_path / "a.json").exists() and not (tmp_path / "c.service").exists()
+    assert old.read_text() == "OLD=1\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_every_failure_is_named_in_one_line(tmp_path):
+    files = [fspec(tmp_path / "a.json", "1", validate=failing_validator("first")),
+             fspec(tmp_path / "b.json", "2", validate=failing_validator("second"))]
+    msg = run({"files": files})["msg"]
+    assert f"{tmp_path}/a.json: first" in msg and f"{tmp_path}/b.json: second" in msg
+
+
+def test_a_missing_validator_is_a_failure_not_a_crash(tmp_path):
+    result = run({"files": [fspec(tmp_path / "a.json", "1", validate=[str(tmp_path / "nope"), "%s"])]})
+    assert result["failed"] and "cannot run" in result["msg"]
+    assert not (tmp_path / "a.json").exists() and leftovers(tmp_path) == []
+
+
+def test_renames_put_units_last(tmp_path):
+    order = []
+
+    def patch(mod):
+        real = mod.os.replace
+
+        class OS:
+            def __getattr__(self, name):
+                return getattr(os, name)
+
+            @staticmethod
+            def replace(src, dst):
+                order.append(Path(dst).name)
+                real(src, dst)
+        mod.os = OS()
+
+    files = [fspec(tmp_path / "p.json", "1"), fspec(tmp_path / "p.service", "u", unit=True),
+             fspec(tmp_path / "d.json", "2"), fspec(tmp_path / "x.target", "t", unit=True)]
+    run({"files": files}, patch=patch)
+    assert order == ["p.json", "d.json", "p.service", "x.target"]
+
+
+def test_a_killed_run_leaves_no_temporary_files_behind(tmp_path):
+    (tmp_path / ".pdnode-abcd1234.tmp").write_text("left by a killed run")
+    (tmp_path / ".pdnode-keep").write_text("not ours")
+    run({"files": [fspec(tmp_path / "a.json", "1")]})
+    assert leftovers(tmp_path) == [".pdnode-keep"]
+
+
+def test_a_secret_file_never_shows_in_the_diff(tmp_path):
+    (tmp_path / "key").write_text("OLDSECRET\n")
+    result = run({"files": [fspec(tmp_path / "key", "NEWSECRET\n", secret=True)]}, check=True, diff=True)
+    text = json.dumps(result)
+    assert result["changed"] and "OLDSECRET" not in text and "NEWSECRET" not in text
+    assert result["diff"][0]["after"] == "(secret: content not shown)\n"
+
+
+def test_check_mode_writes_nothing_and_shows_a_diff(tmp_path):
+    (tmp_path / "a.json").write_text("old")
+    result = run({"files": [fspec(tmp_path / "a.json", "new")]}, check=True, diff=True)
+    assert result["changed"] and result["diff"][0]["before"] == "old" and result["diff"][0]["after"] == "new"
+    assert (tmp_path / "a.json").read_text() == "old"
+
+
+def _service_files(d: Path, json_content="{}"):
+    return [fspec(d / "p.json", json_content, roles=["prefill"]), fspec(d / "r.json", "{}", roles=["router"]),
+            fspec(d / "t.target", "[Unit]\n", unit=True)]
+
+
+def test_a_restart_lost_to_an_interrupted_run_is_found(tmp_path):
+    applied = tmp_path / "applied"
+    key = tmp_path / "admin-key"
+    key.write_text("k1\n")
+    args = {"files": _service_files(tmp_path), "applied_dir": str(applied),
+            "inputs": [{"path": str(key), "roles": ["router"]},
+                       {"path": str(tmp_path / "venv/lib/python3*/site-packages/pdnode.pth"),
+                        "roles": ["prefill", "router"]}]}
+    # Fresh: nothing recorded, every service must (re)start.
+    first = run(args)
+    assert first["changed"] and first["restart_roles"] == ["prefill", "router"]
+    rec = run({**args, "record": ["prefill", "router"]})
+    assert rec["recorded"] == ["prefill", "router"]
+    assert oct(applied.stat().st_mode & 0o777) == "0o700"
+    records = {p.name: p.read_text() for p in applied.iterdir()}
+    assert set(records) == {"prefill.sha256", "router.sha256"}
+    assert all("k1" not in v for v in records.values())
+    # Nothing changed since the record: nothing to do.
+    again = run(args)
+    assert not again["changed"] and again["restart_roles"] == []
+    # A run wrote prefill.json and was killed before its restart: this run writes
+    # nothing, yet prefill must restart (and only prefill).
+    run({**args, "files": _service_files(tmp_path, '{"x": 1}')})
+    rerun = run({**args, "files": _service_files(tmp_path, '{"x": 1}')})
+    assert rerun["changed_paths"] == [] and rerun["changed"] and rerun["restart_roles"] == ["prefill"]
+    # Check mode says so as well.
+    assert run({**args, "files": _service_files(tmp_path, '{"x": 1}')}, check=True)["restart_roles"] == ["prefill"]
+    run({**args, "files": _service_files(tmp_path, '{"x": 1}'), "record": ["prefill"]})
+    # An input another task installs (a new admin key; a new bundle pointer).
+    key.write_text("k2\n")
+    assert run({**args, "files": _service_files(tmp_path, '{"x": 1}')})["restart_roles"] == ["router"]
+    run({**args, "files": _service_files(tmp_path, '{"x": 1}'), "record": ["router"]})
+    pth = tmp_path / "venv/lib/python3.11/site-packages/pdnode.pth"
+    pth.parent.mkdir(parents=True)
+    pth.write_text("/venv/src/pdnode-1\n")
+    assert run({**args, "files": _service_files(tmp_path, '{"x": 1}')})["restart_roles"] == ["prefill", "router"]
+
+
+def test_check_mode_counts_the_file_it_would_write(tmp_path):
+    applied = tmp_path / "applied"
+    args = {"files": _service_files(tmp_path), "applied_dir": str(applied)}
+    run(args)
+    run({**args, "record": ["prefill", "router"]})
+    # The next content is not on disk in check mode, but it is what would run.
+    result = run({**args, "files": _service_files(tmp_path, "[1]")}, check=True)
+    assert result["restart_roles"] == ["prefill"]
+    assert (tmp_path / "p.json").read_text() == "{}"
+
+
+def test_record_refuses_an_unknown_role(tmp_path):
+    result = run({"files": _service_files(tmp_path), "applied_dir": str(tmp_path / "a"), "record": ["decode"]})
+    assert result["failed"] and "unknown roles" in result["msg"]
+
+
+def test_admin_key_made_once_private_and_never_printed(tmp_path):
+    key = tmp_path / "router-admin-key"
+    cmd = [sys.executable, "-", str(key), USER]
+    first = subprocess.run(cmd, input=ADMIN_KEY.read_text(), capture_output=True, text=True, check=True)
+    value = key.read_text()
+    assert len(value) == 65 and value.endswith("\n") and int(value, 16) >= 0
+    assert oct(key.stat().st_mode & 0o777) == "0o400" and key.stat().st_uid == os.getuid()
+    assert first.stdout == "" and first.stderr == ""
+    # Never replaces an existing key, leaves nothing behind.
+    subprocess.run(cmd, input=ADMIN_KEY.read_text(), capture_output=True, text=True, check=True)
+    assert key.read_text() == value
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["router-admin-key"]
