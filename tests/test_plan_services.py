@@ -28,11 +28,13 @@ def _plan(base, **changes):
 def test_services_of_the_demo_node(demo_vars):
     p = _plan(demo_vars)
     py = p["install"]["venv"] + "/bin/python"
+    assert p["install"]["python"] == py
     s = p["services"]
     assert set(s) == {"prefill", "decode", "router"}
     assert s["prefill"] == {
         "unit": "sglang-pd-prefill.service",
-        "exec": [py, "-m", "pdnode.launcher", "--engine", "sim", "/etc/sglang-pd/prefill.json"],
+        "exec": [py, "-m", "pdnode.launcher", "--engine", "sim", "--watchdog-url", "http://127.0.0.1:30000/health",
+                 "/etc/sglang-pd/prefill.json"],
         "ready": ["http://127.0.0.1:30000/health",
                   "http://127.0.0.1:8998/route?prefill_dp_rank=-1&prefill_cp_rank=-1"
                   "&target_tp_rank=-1&target_pp_rank=-1"],

@@ -303,6 +303,47 @@ def build_exec(engine: str, path: str, key_file: str | None) -> tuple[list[str],
     return argv, env, key
 
 
+def start_watchdog(url: str, env: dict) -> int | None:
+    """Start the watchdog sidecar (pdnode.watchdog) for this process, which is about to
+    become the engine; return its pid, or None when systemd asked for no watchdog.
+
+    systemd gives the main process WATCHDOG_USEC/WATCHDOG_PID and NOTIFY_SOCKET. They
+    are taken out of the engine's environment (`env`): only the sidecar, which checks
+    /health, may ping. The sidecar is started through a short-lived intermediate child
+    (double fork), so it is not a child of the engine (nothing for the engine to reap or
+    wait on) and stays in the service's cgroup, where NotifyAccess=all accepts it.
+    """
+    usec = env.pop("WATCHDOG_USEC", "")
+    owner = env.pop("WATCHDOG_PID", "")
+    address = env.pop("NOTIFY_SOCKET", "")
+    engine = os.getpid()
+    if not usec or not address or (owner and owner != str(engine)):
+        return None
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the intermediate child: start the sidecar, report its pid, leave
+        try:
+            os.close(r)
+            sidecar = os.fork()
+            if sidecar == 0:
+                os.close(w)
+                try:
+                    os.execve(sys.executable, [sys.executable, "-m", "pdnode.watchdog", "--pid", str(engine),
+                                               "--url", url],
+                              {**env, "NOTIFY_SOCKET": address, "WATCHDOG_USEC": usec})
+                except OSError as e:
+                    sys.stderr.write(f"pdnode-launch: error: cannot start the watchdog sidecar: {e}\n")
+                    os._exit(1)
+            os.write(w, str(sidecar).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(middle, 0)
+    with os.fdopen(r) as f:
+        text = f.read()
+    return int(text) if text.isdigit() else None
+
+
 # --------------------------------------------------------------------------- check
 
 
@@ -655,6 +696,8 @@ def main(argv: list[str] | None = None) -> int:
         help="validate FILE with the installed SGLang (exit 0 accepted, 1 rejected, 2 cannot run)",
     )
     p.add_argument("--verbose", action="store_true", help="with --check: show SGLang's log")
+    p.add_argument("--watchdog-url", metavar="URL",
+                   help="the engine's /health: feed systemd's watchdog from it (when WatchdogSec= is set)")
     p.add_argument("files", nargs="+", metavar="FILE.json", help="one file; several with --check")
     args = p.parse_args(argv)
 
@@ -672,6 +715,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
+    if args.watchdog_url:
+        start_watchdog(args.watchdog_url, env)
     try:
         os.execve(cmd[0], cmd, env)
     except OSError as e:

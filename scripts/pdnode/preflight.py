@@ -7,6 +7,9 @@ plan. ``facts`` comes from :func:`pdnode.hostfacts.collect`; ``expect`` from
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -41,7 +44,7 @@ def _show(value: Any) -> str:
 
 EXPECT_KEYS = ("gpu_count", "gpu_model", "driver_branch", "gpu_ids", "ports", "nics",
                "transfer_backend", "model_path", "own_unit_prefix", "supported_os",
-               "require_systemd", "min_free_disk_gb", "check_cuda", "engine")
+               "require_systemd", "min_free_disk_gb", "check_cuda", "engine", "own_units")
 
 
 def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -68,6 +71,7 @@ def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None =
             "model_path": s.get("pdnode_model_path"),
             "own_unit_prefix": s.get("pdnode_service_prefix"),
             "engine": (plan.get("install") or {}).get("engine"),
+            "own_units": sorted(svc["unit"] for svc in (plan.get("services") or {}).values()) or None,
         })
     for key, value in (overrides or {}).items():
         if key not in EXPECT_KEYS:
@@ -299,18 +303,29 @@ def _memlock(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
 
 def _ports(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
     prefix = exp["own_unit_prefix"]
+    own_units = set(exp.get("own_units") or [])
+
+    def ours(unit: str) -> bool:
+        # The plan's unit names when known (exact), else any unit of our prefix.
+        return unit in own_units if own_units else bool(prefix) and unit.startswith(f"{prefix}-")
+
+    commands = facts.get("commands") or {}
+    if isinstance(commands, str):  # the raw cmdlines probe of the preflight role
+        commands = parse_cmdlines(commands)
     by_port: dict[int, list[dict[str, Any]]] = {}
     for s in facts.get("listeners") or []:
         by_port.setdefault(int(s["port"]), []).append(s)
     for name, port in sorted((exp["ports"] or {}).items(), key=lambda kv: kv[1]):
         for s in by_port.get(int(port), []):
             unit = s.get("unit")
-            if prefix and unit and unit.startswith(f"{prefix}-"):
+            if unit and ours(unit):
                 continue  # our own service holds it: a re-deploy
             uid_units = s.get("uid_units") or []
-            if prefix and not unit and uid_units and all(u.startswith(f"{prefix}-") for u in uid_units):
+            if (own_units or prefix) and not unit and uid_units and all(ours(u) for u in uid_units):
                 continue  # owner unreadable, but its uid runs only our services
-            who = (f"pid {s['pid']}" + (f", unit {unit}" if unit else "")) if s.get("pid") else "owner unknown"
+            command = s.get("command") or commands.get(s.get("pid"))
+            who = (f"pid {s['pid']}" + (f" {command!r}" if command else "") + (f", unit {unit}" if unit else "")
+                   ) if s.get("pid") else "owner unknown" + (f", uid {s['uid']}" if s.get("uid") is not None else "")
             j.error(f"port.{port}", f"{s['address']}:{port}", f"the port {name} needs is already in use ({who})",
                     f"stop that process or choose another port for {name}")
             break
@@ -373,3 +388,96 @@ def report(facts: dict[str, Any], expect: dict[str, Any]) -> dict[str, Any]:
         "warnings": [p.line for p in problems if p.severity == "warning"],
         "problems": [p.as_dict() for p in problems],
     }
+
+
+# --- on the host: the same port judgement, from /proc now (the deploy's start step) ---------
+
+def parse_cmdlines(text: str) -> dict[int, str]:
+    """``grep -a -H '' /proc/[0-9]*/cmdline`` lines -> {pid: command line, NULs as spaces}."""
+    out: dict[int, str] = {}
+    for line in (text or "").splitlines():
+        m = re.match(r"^/proc/(\d+)/cmdline:(.*)$", line)
+        if m and m.group(2):
+            out[int(m.group(1))] = _short(m.group(2).replace("\0", " "))
+    return out
+
+
+def _short(command: str, limit: int = 120) -> str:
+    command = " ".join(command.split())
+    return command if len(command) <= limit else command[:limit - 3] + "..."
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""  # a process that ended meanwhile, or a file we may not read
+
+
+def live_listeners(proc: str = "/proc") -> list[dict[str, Any]]:
+    """The host's TCP listeners with owner pid, systemd unit and command line, read from
+    /proc the way the preflight's probes read them (run as root to see every owner)."""
+    from .hostfacts import listening_sockets, parse_socket_owners, units_per_uid
+
+    fd_lines, cgroup_lines, uid_lines = [], [], []
+    pids = [d for d in os.listdir(proc) if d.isdigit()]
+    for pid in pids:
+        cgroup_lines += [f"/proc/{pid}/cgroup:{line}" for line in _read(f"{proc}/{pid}/cgroup").splitlines()]
+        uid_lines += [f"/proc/{pid}/status:{line}" for line in _read(f"{proc}/{pid}/status").splitlines()
+                      if line.startswith("Uid:")]
+        try:
+            # Unreadable for another user's process without CAP_SYS_PTRACE (containers):
+            # then the socket's uid and the units that uid runs tell whose it is.
+            fds = os.listdir(f"{proc}/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"{proc}/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:"):
+                fd_lines.append(f"/proc/{pid}/fd {link}")
+    owners = parse_socket_owners("\n".join(fd_lines), "\n".join(cgroup_lines))
+    uid_units = units_per_uid("\n".join(uid_lines), "\n".join(cgroup_lines))
+    out = []
+    for s in listening_sockets(_read(f"{proc}/net/tcp"), _read(f"{proc}/net/tcp6")):
+        owner = owners.get(s["inode"], {})
+        pid = owner.get("pid")
+        command = _short(_read(f"{proc}/{pid}/cmdline").replace("\0", " ")) if pid else None
+        out.append({"address": s["address"], "port": s["port"], "pid": pid, "unit": owner.get("unit"),
+                    "command": command or None, "uid": s["uid"], "uid_units": uid_units.get(s["uid"], [])})
+    return out
+
+
+def port_problems(listeners: list[dict[str, Any]], ports: dict[str, int], own_units: list[str]) -> list[Problem]:
+    j = _J()
+    _ports(j, {"listeners": listeners}, {"ports": ports, "own_units": own_units, "own_unit_prefix": None})
+    return j.problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m pdnode.preflight ports --own-unit UNIT ... NAME=PORT ...
+
+    One line per port of the plan that a process other than our units holds; exit 1
+    when there is one, 0 when every port is free or ours."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="pdnode.preflight")
+    ap.add_argument("what", choices=["ports"])
+    ap.add_argument("--own-unit", action="append", default=[], help="a unit of ours (may hold its ports)")
+    ap.add_argument("ports", nargs="+", metavar="NAME=PORT")
+    args = ap.parse_args(argv)
+    try:
+        ports = {name: int(port) for name, port in (p.rsplit("=", 1) for p in args.ports)}
+    except ValueError:
+        ap.error("ports are NAME=PORT")
+    problems = port_problems(live_listeners(), ports, args.own_unit)
+    for p in problems:
+        print(p.line)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
