@@ -49,6 +49,9 @@ def cmd_render(args: argparse.Namespace) -> int:
         print(json.dumps(plan.router_argv(), indent=2))
     elif args.role == "plan":
         print(json.dumps(plan.as_dict(), indent=2, sort_keys=True))
+    elif args.role == "alerts":
+        from .monitoring import render_alert_rules  # controller-only: reads templates/
+        print(render_alert_rules(plan.as_dict()), end="")
     else:
         print(json.dumps(getattr(plan, args.role), indent=2, sort_keys=True))
     return EXIT_OK
@@ -101,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("render", help="print the JSON that will be written on the host")
     _add_inventory(p)
-    p.add_argument("--role", required=True, choices=["prefill", "decode", "router", "router-argv", "plan"])
+    p.add_argument("--role", required=True, choices=["prefill", "decode", "router", "router-argv", "plan", "alerts"])
     p.set_defaults(func=cmd_render)
     p = sub.add_parser("explain", help="who runs where: role, GPUs, parallelism, ports")
     _add_inventory(p)
