@@ -119,6 +119,22 @@ def test_a_missing_validator_is_a_failure_not_a_crash(tmp_path):
     assert not (tmp_path / "a.json").exists() and leftovers(tmp_path) == []
 
 
+def test_units_are_validated_together_under_their_real_names(tmp_path):
+    """decode's unit BindsTo= prefill's: on a fresh host systemd must find the candidate
+    prefill unit while it checks decode's (not an installed one that is not there yet)."""
+    log = tmp_path / "seen.log"
+    code = ("import os,sys; d=os.environ['SYSTEMD_UNIT_PATH']; assert d.endswith(':'); "
+            "open(sys.argv[1],'a').write(repr(sorted(os.listdir(d[:-1])))+chr(10)); "
+            "open(sys.argv[1]+'.dir','w').write(d[:-1])")
+    check = [sys.executable, "-c", code, str(log), "%s"]
+    files = [fspec(tmp_path / "p.service", "P", unit=True, validate=check),
+             fspec(tmp_path / "d.service", "D", unit=True, validate=check), fspec(tmp_path / "p.json", "{}")]
+    result = run({"files": files})
+    assert not result.get("failed"), result
+    assert log.read_text().splitlines() == ["['d.service', 'p.service']"] * 2
+    assert not Path((tmp_path / "seen.log.dir").read_text()).exists()  # removed after
+
+
 def test_renames_put_units_last(tmp_path):
     order = []
 

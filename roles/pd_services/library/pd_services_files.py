@@ -11,7 +11,9 @@ description:
   - Writes every file whose content, mode, owner or group differs to a temporary file beside
     it, runs every validator, and only when all of them passed renames the candidates into
     place. A failed validation removes every candidate and changes nothing.
-  - Validators are argument lists run without a shell; no value can reach a shell.
+  - Validators are argument lists run without a shell; no value can reach a shell. They
+    run with every candidate unit, under its real name, first in E(SYSTEMD_UNIT_PATH), so
+    units that refer to each other are checked as they will be installed.
   - Renames go data files first, units last (in the order given), and systemd reads units
     only on a daemon-reload, which the caller runs after this module. A run killed between
     two renames leaves valid files whose services' digests differ from what they were
@@ -128,6 +130,7 @@ import hashlib
 import os
 import pwd
 import re
+import shutil
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -247,9 +250,13 @@ def _remove_leftovers(dirs):
                     pass
 
 
-def _validate(module, staged):
+def _validate(module, staged, unit_dir):
     """Run every validator (argv, no shell); one line per failure, naming the file."""
     failures = []
+    # Units that refer to each other (BindsTo=, Wants=) are checked as they will be
+    # installed: every candidate unit, under its real name, comes first in systemd's
+    # search path (the trailing ":" keeps the default paths after it).
+    env = {"SYSTEMD_UNIT_PATH": unit_dir + ":"} if unit_dir else None
     for item in staged:
         argv = item["spec"].get("validate")
         if not argv:
@@ -258,7 +265,8 @@ def _validate(module, staged):
         cmd = [item["tmp"] if arg == "%s" else arg for arg in argv]
         try:
             # No shell and no $VAR/~ expansion: a value in a path stays a literal argument.
-            rc, out, err = module.run_command(cmd, expand_user_and_vars=False, handle_exceptions=False)
+            rc, out, err = module.run_command(cmd, expand_user_and_vars=False, handle_exceptions=False,
+                                              environ_update=env)
         except OSError as exc:
             rc, out, err = 127, "", f"cannot run {argv[0]}: {exc.strerror or exc}"
         if rc != 0:
@@ -338,6 +346,7 @@ def main():
         # never points at a file that is not there yet, and systemd reads the new units
         # only at the daemon-reload after all renames.
         writes.sort(key=lambda item: item["spec"]["unit"])
+        unit_dir = None
         try:
             # 1. every candidate beside its destination (same file system: rename is atomic)
             for item in writes:
@@ -350,7 +359,13 @@ def main():
                 os.chown(item["tmp"], item["uid"], item["gid"])
                 os.chmod(item["tmp"], item["mode"])
             # 2. every validator; one failure and nothing is installed
-            failures = _validate(module, writes)
+            unit_items = [item for item in writes if item["spec"]["unit"]]
+            if unit_items:
+                unit_dir = tempfile.mkdtemp(prefix="pdnode-units-")
+                for item in unit_items:
+                    with open(os.path.join(unit_dir, os.path.basename(item["path"])), "wb") as fh:
+                        fh.write(item["want"])
+            failures = _validate(module, writes, unit_dir)
             if failures:
                 module.fail_json(msg="validation failed, nothing was changed: " + "; ".join(failures),
                                  failed_paths=[f.split(":", 1)[0] for f in failures])
@@ -363,6 +378,8 @@ def main():
             for item in writes:
                 if item.get("tmp") and os.path.exists(item["tmp"]):
                     os.unlink(item["tmp"])
+            if unit_dir:
+                shutil.rmtree(unit_dir, ignore_errors=True)
 
     restart = []
     if p["applied_dir"]:
