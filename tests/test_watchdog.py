@@ -188,3 +188,15 @@ def test_launcher_starts_the_sidecar_outside_the_engines_children(notify_socket,
 def test_launcher_without_a_watchdog_starts_nothing():
     from pdnode import launcher
     assert launcher.start_watchdog("http://127.0.0.1:1/health", {"PATH": "/bin"}) is None
+
+
+def test_an_unreachable_notify_socket_is_one_line_not_a_crash(tmp_path, health, engine):
+    health.answer = 200
+    side = start_sidecar(engine.pid, health.url, str(tmp_path / "missing"))
+    time.sleep(1.5)
+    assert side.poll() is None, "the sidecar died"
+    engine.kill()
+    engine.wait()
+    assert side.wait(timeout=5) == 0
+    err = side.stderr.read()
+    assert err.count("cannot reach") == 1 and "Traceback" not in err, err

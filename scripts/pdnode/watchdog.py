@@ -97,10 +97,13 @@ def run(pid: int, url: str, watchdog_s: float, address: str, probe_timeout: floa
         seen_healthy = seen_healthy or why_not is None
         reason = decide(state, why_not, seen_healthy)
         if reason is None:
-            notify(address, "WATCHDOG=1")
-            if held is not None:
-                print(f"pdnode.watchdog: pinging again ({url} answers)", file=sys.stderr, flush=True)
-        elif reason != held:
+            try:
+                notify(address, "WATCHDOG=1")
+            except OSError as exc:  # systemd gone or re-executing: try again next round
+                reason = f"cannot reach {address}: {exc.strerror or exc}"
+            if held is not None and reason is None:
+                print("pdnode.watchdog: pinging again", file=sys.stderr, flush=True)
+        if reason is not None and reason != held:
             # One line per change, not per probe: the journal shows why systemd killed it.
             print(f"pdnode.watchdog: not pinging systemd's watchdog ({watchdog_s:.0f} s): {reason}",
                   file=sys.stderr, flush=True)
