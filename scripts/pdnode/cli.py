@@ -116,11 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _register_optional(sub: argparse._SubParsersAction) -> None:
     """Subcommands that live in their own modules (imported here, not at the top, so that
     `pdnode check` stays fast: it never loads the verifier's HTTP and metrics code)."""
-    from . import placement
+    from . import collect, placement
     from .verify import cli as verify_cli
 
     verify_cli.register(sub)
     placement.register(sub)
+    collect.register(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,332 @@
+"""The incident bundle's collector (scripts/pdnode/collect.py) on the controller, no Docker:
+redaction, key values stripped, key files never read, bounded commands, the manifest's
+digests, the merge of the hosts' parts, and `pdnode collect`'s exit codes.
+
+The same collector against real systemd and the deployed node: molecule/node/tests/test_collect.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+from pdnode import collect
+from pdnode.cli import main as cli_main
+
+SCRIPT = Path(collect.__file__)
+PYTHON = sys.executable  # before a test replaces it
+API_KEY = "api-" + "a1b2c3d4" * 6
+ADMIN_KEY = "adm-" + "e5f6a7b8" * 6
+
+
+def leaks(data: bytes) -> list[str]:
+    """Which of the two keys DATA holds (names only: a failing assert must not print a key)."""
+    return [name for name, key in (("API key", API_KEY), ("admin key", ADMIN_KEY)) if key.encode() in data]
+
+
+@pytest.mark.parametrize(("name", "secret"), [
+    ("HF_TOKEN", True), ("api_key", True), ("apiKey", True), ("control_plane_api_keys", True),
+    ("DB_PASSWORD", True), ("AWS_SECRET_ACCESS_KEY", True), ("client_secret", True), ("token", True),
+    ("max_total_tokens", False), ("tokenizer_path", False), ("skip_tokenizer_init", False),
+    ("api_key_file", False), ("admin_key_path", False), ("PDNODE_SIM_DECODE_MS_PER_TOKEN", False),
+    ("served_model_name", False), ("keyboard", False), ("monkey", False),
+])
+def test_secret_names(name, secret):
+    assert collect.is_secret_name(name) is secret
+
+
+def test_redact_json_replaces_secret_named_values_at_any_depth():
+    doc = {"tp_size": 4, "api_key": "k1", "nested": [{"HF_TOKEN": {"deep": 1}}, {"ok": "v"}],
+           "api_key_file": "/etc/x/api-key", "max_total_tokens": 8}
+    out, n = collect.redact_json(doc)
+    assert n == 2
+    assert out == {"tp_size": 4, "api_key": "<redacted>", "nested": [{"HF_TOKEN": "<redacted>"}, {"ok": "v"}],
+                   "api_key_file": "/etc/x/api-key", "max_total_tokens": 8}
+
+
+def test_redact_env_rewrites_only_secret_lines():
+    text = "# managed\nHF_HUB_OFFLINE=1\nexport HF_TOKEN=hf_abc\nDB_PASSWORD = p w\nPDNODE_SIM_MS_PER_TOKEN=4.0\n"
+    out, n = collect.redact_env(text)
+    assert n == 2
+    assert out == ("# managed\nHF_HUB_OFFLINE=1\nexport HF_TOKEN=<redacted>\nDB_PASSWORD = <redacted>\n"
+                   "PDNODE_SIM_MS_PER_TOKEN=4.0\n")
+
+
+def test_redact_unit_environment_and_flags_across_continuation_lines():
+    unit = ("[Service]\n"
+            "Description=Token bucket of x\n"
+            'Environment="HF_TOKEN=hf abc" PLAIN=1\n'
+            "ExecStart=/opt/v/bin/python -m x --api-key \\\n"
+            "    s3cr3tvalue \\\n"
+            "    --router-token=tok123 \\\n"
+            "    --admin-key-file /etc/sglang-pd/router-admin-key\n"
+            "# --api-key commented\n")
+    out, n = collect.redact_unit(unit)
+    assert n == 3
+    assert "hf abc" not in out and "s3cr3tvalue" not in out and "tok123" not in out
+    assert "HF_TOKEN=<redacted>" in out and "PLAIN=1" in out
+    assert "--router-token=<redacted>" in out
+    assert "/etc/sglang-pd/router-admin-key" in out  # a key file's path is kept
+    unchanged = [line for line in unit.splitlines() if "Token bucket" in line or line.startswith(("[", "#"))]
+    assert all(line in out.splitlines() for line in unchanged)
+
+
+def test_the_deployed_unit_template_has_nothing_to_redact():
+    """The real units name key files, never keys: redaction leaves them byte for byte."""
+    text = (Path(__file__).resolve().parents[1] / "roles/pd_services/templates/service.j2").read_text()
+    assert collect.redact_unit(text) == (text, 0)
+
+
+def test_scrub_counts_and_replaces_known_values_but_not_short_ones():
+    data, n = collect.scrub(b"a KEY123456 b KEY123456 c short", [b"KEY123456", b"short"])
+    assert (data, n) == (b"a <redacted> b <redacted> c short", 2)
+
+
+# --- one host, collected on the controller ---------------------------------------------------
+class _Node(http.server.BaseHTTPRequestHandler):
+    """/metrics leaks the API key (a buggy service); /workers wants the admin key."""
+
+    def do_GET(self):  # noqa: N802 -- http.server's name
+        if self.path == "/metrics":
+            body = f"# leaked {API_KEY}\nsglang:num_running_reqs 0\n".encode()
+        elif self.path == "/workers":
+            if self.headers.get("Authorization") != f"Bearer {ADMIN_KEY}":
+                self.send_response(401)
+                self.end_headers()
+                return
+            body = json.dumps({"workers": [{"url": "http://127.0.0.1:1", "api_key": "worker-secret-xyz"}]}).encode()
+        else:
+            body = b"no"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A fake host: config dir with keys, a symlink to a key, a listener; its plan."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Node)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    cfg = tmp_path / "etc"
+    cfg.mkdir()
+    for name, key in (("api-key", API_KEY), ("router-admin-key", ADMIN_KEY)):
+        (cfg / name).write_text(key + "\n")
+        (cfg / name).chmod(0o400)
+    (cfg / "prefill.json").write_text(json.dumps({"tp_size": 4, "port": port, "admin_api_key": "in-json-secret"}))
+    (cfg / "prefill.env").write_text(f"HF_TOKEN=hf_secretvalue\nNOTE={API_KEY}\n")
+    (cfg / "broken.json").write_text('{\n  "api_key": "brokensecret",\n  "tp_size": 4\n')
+    (cfg / "evil.json").symlink_to(cfg / "api-key")
+    plan = {
+        "host": "h1",
+        "install": {"config_dir": str(cfg), "api_key_path": str(cfg / "api-key"),
+                    "admin_key_path": str(cfg / "router-admin-key"), "venv": str(tmp_path / "no-venv"),
+                    "root": str(tmp_path / "root"), "target": "pdtest-none.target"},
+        "services": {"prefill": {"unit": "pdtest-none-prefill.service"},
+                     "router": {"unit": "pdtest-none-router.service"}},
+        "prefill": {"host": "127.0.0.1", "port": port},
+        "router": {"host": "0.0.0.0", "port": port, "prometheus_host": "127.0.0.1",  # noqa: S104 -- the plan's value
+                   "prometheus_port": port},
+    }
+    yield plan, tmp_path
+    server.shutdown()
+
+
+def test_collect_host_strips_keys_redacts_and_records_every_file(node):
+    plan, tmp = node
+    stage = tmp / "stage"
+    stage.mkdir()
+    manifest = collect.collect_host(plan, "h1", stage, deadline_s=60)
+
+    files = {f["path"]: f for f in manifest["files"]}
+    on_disk = {p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file()}
+    assert on_disk == set(files)  # every file listed, nothing unlisted
+    for rel, entry in files.items():
+        data = (stage / rel).read_bytes()
+        assert leaks(data) == [], rel
+        assert entry["size"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest(), rel
+        assert entry["command"], rel
+
+    # secret-named values redacted in each kind of file
+    prefill_json = json.loads((stage / "h1/config/prefill.json").read_text())
+    assert prefill_json == {"tp_size": 4, "port": plan["prefill"]["port"], "admin_api_key": "<redacted>"}
+    assert files["h1/config/prefill.json"]["redacted_values"] == 1
+    assert "hf_secretvalue" not in (stage / "h1/config/prefill.env").read_text()
+    assert "brokensecret" not in (stage / "h1/config/broken.json").read_text()
+    # a key's value anywhere (an env value, a leaky /metrics) is replaced, and counted
+    assert files["h1/config/prefill.env"]["secret_values_removed"] == 1
+    assert files["h1/http/prefill.metrics.txt"]["secret_values_removed"] == 1
+    assert files["h1/http/prefill.metrics.txt"]["exit_status"] == 200
+    # /workers was asked with the admin key (the fake answers 401 without it), its secrets redacted
+    workers = json.loads((stage / "h1/http/router.workers.json").read_text())
+    assert files["h1/http/router.workers.json"]["exit_status"] == 200
+    assert workers["workers"][0]["api_key"] == "<redacted>"
+    # the key files: stat only, never copied; a link to one is not followed
+    keys = json.loads((stage / "h1/config/key-files.json").read_text())
+    assert [(k["mode"], k["size"]) for k in keys["files"]] == [("0400", len(API_KEY) + 1), ("0400", len(ADMIN_KEY) + 1)]
+    assert not any(name.endswith(("api-key", "router-admin-key")) for name in files)
+    assert "h1/config/evil.json" not in files
+    missing = {m["item"]: m["reason"] for m in manifest["missing"]}
+    assert "evil.json" in missing["config/evil.json"] or "symbolic" in missing["config/evil.json"].lower()
+    assert "no bin/python" in missing["release/pip-freeze.txt"]
+    assert manifest["schema"] == "pdnode.collect" and manifest["version"] == 1 and manifest["host"] == "h1"
+
+
+def test_a_failing_a_hanging_and_a_missing_command_are_recorded_and_the_bundle_goes_on(tmp_path):
+    b = collect.Bundle(tmp_path, "h", [])
+    b.run("false.txt", ["false"])
+    b.run("sleep.txt", [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"], timeout=1.5)
+    b.run("nope.txt", ["pdnode-no-such-command"])
+    b.run("ok.txt", ["echo", "fine"])
+    files = {f["path"]: f for f in b.files}
+    assert files["h/false.txt"]["exit_status"] == 1
+    assert files["h/sleep.txt"]["exit_status"] is None and "timed out" in files["h/sleep.txt"]["error"]
+    assert (tmp_path / "h/sleep.txt").read_text() == "started\n"  # output so far is kept
+    assert files["h/sleep.txt"]["duration_s"] < 5
+    assert files["h/ok.txt"]["exit_status"] == 0 and (tmp_path / "h/ok.txt").read_text() == "fine\n"
+    reasons = {m["item"]: m["reason"] for m in b.missing}
+    assert "exit status 1" in reasons["false.txt"]
+    assert "timed out" in reasons["sleep.txt"]
+    assert "not installed" in reasons["nope.txt"]
+
+
+def test_the_size_budget_cuts_and_then_skips(tmp_path):
+    b = collect.Bundle(tmp_path, "h", [], max_bytes=10)
+    b.add("a.txt", b"0123456", {"command": ["x"]})
+    b.add("b.txt", b"0123456", {"command": ["x"]})
+    b.add("c.txt", b"0", {"command": ["x"]})
+    files = {f["path"]: f for f in b.files}
+    assert files["h/a.txt"]["size"] == 7 and "truncated" not in files["h/a.txt"]
+    assert files["h/b.txt"]["size"] == 3 and files["h/b.txt"]["truncated"] is True
+    assert "h/c.txt" not in files and "budget" in b.missing[0]["reason"]
+
+
+def test_the_collector_runs_alone_from_standard_input(node):
+    """As the playbook runs it: the file on stdin, no pdnode package importable."""
+    plan, tmp = node
+    env = {"PATH": os.environ["PATH"], "TMPDIR": str(tmp)}
+    r = subprocess.run([sys.executable, "-I", "-", "host", "--host", "h1", "--plan-json", json.dumps(plan),
+                        "--deadline-s", "60"], input=SCRIPT.read_bytes(), capture_output=True, env=env,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert leaks(r.stdout + r.stderr) == []
+    summary = json.loads(r.stdout)
+    work = Path(summary["dir"])
+    assert (work.stat().st_mode & 0o777) == 0o700
+    assert [p.name for p in work.iterdir()] == ["h1.tar.gz"]  # the staging files are gone
+    with tarfile.open(summary["bundle"]) as tar:
+        names = tar.getnames()
+        assert "h1/MANIFEST.json" in names and all(n.startswith("h1/") for n in names)
+        for member in tar:
+            assert leaks(tar.extractfile(member).read()) == [], member.name
+
+
+# --- the merge on the controller ---------------------------------------------------------------
+def _part(path: Path, host: str, files: dict[str, bytes], listed: dict[str, bytes] | None = None,
+          extra: dict[str, bytes] | None = None) -> None:
+    """A host's tarball: FILES with a manifest that lists LISTED (default: FILES)."""
+    listed = files if listed is None else listed
+    manifest = {"schema": "pdnode.collect", "version": 1, "host": host, "collected_utc": "2026-01-01T00:00:00Z",
+                "files": [{"path": f"{host}/{k}", "size": len(v), "sha256": hashlib.sha256(v).hexdigest(),
+                           "command": ["x"]} for k, v in listed.items()],
+                "missing": [{"item": "gpu/", "reason": "nvidia-smi is not installed"}]}
+    members = {f"{host}/{k}": v for k, v in files.items()} | (extra or {})
+    members[f"{host}/MANIFEST.json"] = json.dumps(manifest).encode()
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_merge_one_bundle_with_a_manifest_that_lists_every_member(tmp_path):
+    parts, out, verify = tmp_path / "parts", tmp_path / "out", tmp_path / "verify"
+    parts.mkdir()
+    verify.mkdir()
+    _part(parts / "h1.tar.gz", "h1", {"journal/a.txt": b"log\n", "config/x.json": b"{}\n"},
+          extra={"../evil": b"x", "h1/../h2/planted": b"x", "h1/unlisted.txt": b"x"})
+    _part(parts / "h3.tar.gz", "h3", {"a.txt": b"real\n"}, listed={"a.txt": b"tampered\n"})
+    (verify / "h1.json").write_text(json.dumps({"exit_code": 0, "run": {"api_key": "verifysecret"}}))
+
+    dest, manifest = collect.merge(parts, out, "site", {"h1": None, "h2": "unreachable", "h3": None}, verify)
+    assert dest.parent == out and dest.name.startswith("site-") and dest.name.endswith("Z.tar.gz")
+    assert (dest.stat().st_mode & 0o777) == 0o600
+    with tarfile.open(dest) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+    root = dest.name.removesuffix(".tar.gz")
+    assert all(name.startswith(root + "/") for name in members)
+    got = json.loads(members.pop(f"{root}/MANIFEST.json"))
+    assert got == manifest
+    listed = {f"{root}/{f['path']}": f for f in got["files"]}
+    assert set(listed) == set(members)  # every member listed, every listed file present
+    for name, data in members.items():
+        assert listed[name]["sha256"] == hashlib.sha256(data).hexdigest() and listed[name]["size"] == len(data)
+    assert set(listed) == {f"{root}/h1/journal/a.txt", f"{root}/h1/config/x.json", f"{root}/h1/verify-report.json"}
+    assert b"verifysecret" not in members[f"{root}/h1/verify-report.json"]
+    status = {h["host"]: h["status"] for h in got["hosts"]}
+    assert status == {"h1": "collected", "h2": "not collected", "h3": "collected"}
+    reasons = [(m["host"], m["item"], m["reason"]) for m in got["missing"]]
+    assert ("h2", "everything on the host", "unreachable") in reasons
+    assert ("h3", "h3/a.txt", "listed by the host but absent or altered in its tarball") in reasons
+    assert any(h == "h1" and item == "h1/unlisted.txt" for h, item, _ in reasons)
+    assert any(h == "h1" and item == "gpu/" for h, item, _ in reasons)
+    assert any(h == "h3" and item == "h3/verify-report.json" for h, item, _ in reasons)
+
+
+# --- pdnode collect ----------------------------------------------------------------------------
+FAKE_ANSIBLE = """#!{python}
+import json, os, sys
+extra = json.loads(sys.argv[sys.argv.index("-e") + 1])
+mode = os.environ["FAKE_MODE"]
+print("TASK [fake] ***")
+if mode in ("ok", "partial"):
+    with open(extra["collect_path_file"], "w") as fh:
+        json.dump({{"bundle": "/b.tar.gz", "files": 3, "missing": 1,
+                   "not_collected": ["h2"] if mode == "partial" else []}}, fh)
+sys.exit({{"ok": 0, "partial": 2, "none": 4}}[mode])
+"""
+
+
+@pytest.fixture
+def fake_venv(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    return bin_dir
+
+
+def test_cli_without_ansible_playbook_says_so_in_one_line(fake_venv, capsys):
+    assert cli_main(["collect", "inventories/demo"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ansible-playbook is not installed next to" in err[0]
+
+
+@pytest.mark.parametrize(("mode", "code", "line"), [
+    ("ok", 0, "bundle: /b.tar.gz"), ("partial", 1, "bundle: /b.tar.gz"), ("none", 2, None)])
+def test_cli_exit_codes_follow_the_bundle(fake_venv, capfd, monkeypatch, mode, code, line):
+    fake = fake_venv / "ansible-playbook"
+    fake.write_text(FAKE_ANSIBLE.format(python=PYTHON))
+    fake.chmod(0o755)
+    monkeypatch.setenv("FAKE_MODE", mode)
+    inventory = Path(__file__).resolve().parents[1] / "inventories" / "demo"
+    assert cli_main(["collect", str(inventory)]) == code
+    out, err = capfd.readouterr()
+    if line:
+        assert out.strip().splitlines()[-1].startswith(line)
+    else:
+        assert "no bundle was written" in err
+    if mode == "partial":
+        assert "not collected from h2" in err
