@@ -75,7 +75,7 @@ def _host_inline_vars(node: Any, host: str) -> dict[str, Any]:
     node = node or {}
     out: dict[str, Any] = {}
     if host in (node.get("hosts") or {}):
-        out.update((node["hosts"][host] or {}))
+        out.update(node["hosts"][host] or {})
     for child in (node.get("children") or {}).values():
         out.update(_host_inline_vars(child, host))
     return out

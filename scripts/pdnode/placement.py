@@ -20,7 +20,8 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 from .hostfacts import LINK_RANK, nic_ranking, parse_topo_matrix
 

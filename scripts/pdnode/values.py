@@ -42,7 +42,8 @@ ENV_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:/@+=-]{0,1024}$")
 # (or anything below the first-level ones that are virtual, volatile or the OS itself).
 SYSTEM_DIRS = frozenset({
     "/usr/local", "/usr/lib", "/usr/lib64", "/usr/bin", "/usr/sbin", "/usr/share", "/usr/include",
-    "/usr/src", "/usr/libexec", "/var/lib", "/var/log", "/var/tmp", "/var/cache", "/var/run", "/var/lock",
+    "/usr/src", "/usr/libexec", "/var/lib", "/var/log", "/var/tmp",  # noqa: S108 - refused, not used
+    "/var/cache", "/var/run", "/var/lock",
     "/var/spool", "/var/mail", "/var/opt", "/var/www", "/var/backups", "/etc/systemd", "/etc/ssh",
     "/etc/security", "/etc/default", "/etc/apt", "/etc/sudoers.d", "/etc/ssl", "/etc/pam.d",
     "/etc/cron.d", "/etc/profile.d", "/etc/ld.so.conf.d", "/etc/modprobe.d", "/etc/sysctl.d",

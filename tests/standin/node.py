@@ -32,7 +32,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_CONFIG = {

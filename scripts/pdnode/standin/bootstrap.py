@@ -232,7 +232,7 @@ async def register_ranks(
                     if resp.status == 200:
                         break
                     log.warning("prefill register attempt %d/5 failed: status %d", attempt + 1, resp.status)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 log.warning("prefill register attempt %d/5 failed: %s", attempt + 1, exc)
             if attempt < 4:
                 await asyncio.sleep(min(1.0 * 2**attempt, 30.0))

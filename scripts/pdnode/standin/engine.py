@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from . import model
 from .config import Settings
@@ -303,7 +303,7 @@ class Engine:
         log.warning("transfer_stall: holding the KV of room %d", room)
         try:
             await asyncio.wait_for(state.aborted.wait(), self.sim.waiting_timeout_s + self.sim.bootstrap_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         self.metrics.inc(r, "num_transfer_failed_reqs")
         raise EngineError(500, f"Prefill transfer failed for request rank=0 req.bootstrap_room={room} "
@@ -368,7 +368,7 @@ class Engine:
                 if fut is not None:
                     try:
                         status = await asyncio.wait_for(fut, self.sim.waiting_timeout_s)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         await kv.abort(endpoint, room)
                         self._transfer_failed(r, req, f"Request {room} timed out after "
                                               f"{time.monotonic() - transfer_entry:.1f}s in KVPoll.WaitingForInput")

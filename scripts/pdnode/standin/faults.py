@@ -8,7 +8,7 @@ listeners (the bootstrap server) are told about every change.
 from __future__ import annotations
 
 import dataclasses
-from typing import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 DEFAULT_RENAME = ("sglang:e2e_request_latency_seconds", "sglang:request_e2e_latency_seconds")
 

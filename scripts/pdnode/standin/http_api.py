@@ -20,7 +20,8 @@ import json
 import logging
 import secrets
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 

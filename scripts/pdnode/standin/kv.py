@@ -299,7 +299,7 @@ class PrefillKV:
         start = time.monotonic()
         try:
             return await asyncio.wait_for(asyncio.shield(state.info), self.bootstrap_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise BootstrapError(
                 f"Request {room} timed out after {time.monotonic() - start:.1f}s in KVPoll.Bootstrapping"
             ) from None
@@ -337,7 +337,7 @@ class PrefillKV:
             status = await _post(self.session, url, payload)
             if status != 200:
                 log.warning("KV status for room %d: decode answered %d", info.room, status)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             log.warning("KV status for room %d not delivered to %s: %s", info.room, url, exc)
 
 
@@ -417,7 +417,7 @@ class DecodeKV:
                     log.info("prefill parallel info for %s: %s", addr, body)
                     return info
                 last = f"{status}, {body}"
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
                 last = str(exc) or type(exc).__name__
             if time.monotonic() >= deadline:
                 raise BootstrapError(f"Failed to get prefill server info from {addr}: {last}")
@@ -438,7 +438,7 @@ class DecodeKV:
                 status, body = await self._get(
                     f"http://{addr}/route?prefill_dp_rank={dp_rank}&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
                 )
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 status, body = 0, str(exc)
             if status != 200:
                 self.prefills.pop(addr, None)
@@ -457,7 +457,7 @@ class DecodeKV:
             }
             try:
                 status = await _post(self.session, f"http://{endpoint[0]}:{endpoint[1]}/kv/register", payload)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 status = 0
                 log.warning("KV args registration at %s:%d failed: %s", *endpoint, exc)
             if status != 200:
@@ -483,7 +483,7 @@ class DecodeKV:
         }
         try:
             status = await _post(self.session, f"http://{endpoint[0]}:{endpoint[1]}/kv/transfer_info", payload)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise BootstrapError(f"Failed to send transfer info for room {room} to {endpoint[0]}:{endpoint[1]}: {exc}") from None
         if status == 400:
             # The prefill lost our registration (restarted): register again next time.
@@ -496,7 +496,7 @@ class DecodeKV:
             return
         try:
             await _post(self.session, f"http://{endpoint[0]}:{endpoint[1]}/kv/abort", {"room": room}, timeout=2.0)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             log.debug("abort notification for room %d not delivered: %s", room, exc)
 
     async def _heartbeat_loop(self) -> None:
@@ -506,7 +506,7 @@ class DecodeKV:
                 try:
                     async with self.session.get(f"http://{addr}/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
                         ok = resp.status == 200
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                except (TimeoutError, aiohttp.ClientError, OSError):
                     ok = False
                 if ok:
                     info.failures = 0

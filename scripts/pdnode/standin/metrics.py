@@ -11,7 +11,8 @@ gauge is num_prefill_bootstrap_queue_reqs.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import (
     CollectorRegistry,

@@ -16,7 +16,8 @@ import dataclasses
 import hashlib
 import re
 import zlib
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 VOCAB_SIZE = 32000
 EOS_TOKEN_ID = 2

@@ -21,7 +21,8 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 CHAT_PATH = "/v1/chat/completions"

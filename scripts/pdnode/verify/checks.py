@@ -16,7 +16,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from . import access as acc
@@ -96,7 +97,7 @@ class CheckResult:
 class Check:
     id: str
     title: str
-    fn: Callable[["Ctx"], Result]
+    fn: Callable[[Ctx], Result]
     # dependency id -> mode: "pass" (must PASS or WARN; N/A allowed), "ran" (must have
     # run: PASS, WARN or FAIL), "not_failed" (anything but FAIL). A dependency in `na` that is N/A makes
     # this check N/A (its data comes from there).

@@ -16,7 +16,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from .codes import EXIT_CANNOT_RUN, SCHEMA
 

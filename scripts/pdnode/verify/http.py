@@ -17,7 +17,8 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from .text import printable
 
@@ -126,7 +127,7 @@ def request(method: str, url: str, *, body: Any = None, headers: dict[str, str] 
     t0 = time.monotonic()
     end = t0 + max(timeout_s, 0.05)
     try:
-        req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
+        req = urllib.request.Request(url, data=data, method=method, headers=hdrs)  # noqa: S310 - http(s) URLs from the plan
         op = opener(proxy) if proxy else _DIRECT
         try:
             resp = op.open(req, timeout=max(timeout_s, 0.05))
@@ -167,7 +168,7 @@ def stream_sse(url: str, *, body: Any, headers: dict[str, str] | None = None,
     end = t0 + max(timeout_s, 0.05)
     events: list[StreamEvent] = []
     try:
-        req = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), method="POST", headers=hdrs)
+        req = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), method="POST", headers=hdrs)  # noqa: S310 - http(s) URLs from the plan
         op = opener(proxy) if proxy else _DIRECT
         try:
             resp = op.open(req, timeout=max(timeout_s, 0.05))

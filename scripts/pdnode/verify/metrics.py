@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -98,7 +98,7 @@ def counter_delta(before: Snapshot, after: Snapshot, sample: str,
 
 
 def histogram_delta(before: Snapshot, after: Snapshot, name: str,
-                    match: Mapping[str, str] | None = None) -> "HistogramDelta | None":
+                    match: Mapping[str, str] | None = None) -> HistogramDelta | None:
     """Per-series difference of a histogram's buckets, _sum and _count, then summed."""
     if not after.series(f"{name}_bucket", match) and not after.series(f"{name}_count", match):
         return None

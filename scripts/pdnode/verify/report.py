@@ -44,7 +44,7 @@ def to_table(report: Report, width: int | None = None) -> str:
         out.append(f"{c.id.ljust(id_w)}  {c.status.ljust(6)}  {ev[0]}")
         out += [indent + line for line in ev[1:]]
         if c.hint and c.status in ("FAIL", "WARN"):
-            for i, line in enumerate(textwrap.wrap("hint: " + c.hint, body_w)):
+            for line in textwrap.wrap("hint: " + c.hint, body_w):
                 out.append(indent + line)
     s = report.as_dict()["summary"]
     out.append("")
