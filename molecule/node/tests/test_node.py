@@ -92,17 +92,28 @@ def test_api_key_never_on_a_command_line(host):
     assert KEY not in host.check_output("journalctl -u 'sglang-pd-*' --no-pager")
 
 
+def admin_key(host):
+    # Made on the host by the role; read there, never copied to the controller's files.
+    return host.check_output("cat /etc/sglang-pd/router-admin-key").strip()
+
+
 def test_router_and_workers_require_the_key(host):
-    # (sglang-router 0.3.2 leaves /readiness and /v1/models open; /workers and generation are protected.)
-    for url in (f"{ROUTER}/workers", "http://127.0.0.1:30000/server_info", "http://127.0.0.1:30001/server_info"):
+    # Generation and the workers' own endpoints take the client key; the router's
+    # worker management takes only the admin key (test_router_admin.py has the details).
+    for url in ("http://127.0.0.1:30000/server_info", "http://127.0.0.1:30001/server_info"):
         code, _ = curl(host, url, key=None)
         assert code == 401, url
         code, _ = curl(host, url)
         assert code == 200, url
+    for key in (None, KEY):
+        code, _ = curl(host, f"{ROUTER}/workers", key=key)
+        assert code == 401, f"/workers with {'no key' if key is None else 'the client key'}"
+    code, _ = curl(host, f"{ROUTER}/workers", key=admin_key(host))
+    assert code == 200
 
 
 def test_router_lists_one_prefill_and_one_decode(host):
-    code, body = curl(host, f"{ROUTER}/workers")
+    code, body = curl(host, f"{ROUTER}/workers", key=admin_key(host))
     assert code == 200
     stats = json.loads(body)["stats"]
     assert (stats["prefill_count"], stats["decode_count"]) == (1, 1)
