@@ -138,7 +138,7 @@ from ansible.module_utils.basic import AnsibleModule
 TMP_PREFIX, TMP_SUFFIX = ".pdnode-", ".tmp"
 # mkstemp's names only: a leftover of a killed run, never anything else in /etc.
 TMP_RE = re.compile(r"^\.pdnode-[A-Za-z0-9_]{8}\.tmp$")
-SECRET_DIFF = "(secret: content not shown)\n"
+SECRET_DIFF = "(secret: content not shown)\n"  # noqa: S105 - a placeholder, not a password
 
 
 def _current(path):
