@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .inventory import InventoryError, load_inventory
 from .plan import Plan, PlanError, build_plan
