@@ -127,6 +127,8 @@ REFUSED = [
     pytest.param({"pd_services_limit_memlock": INJECT},
                  "pd_services_limit_memlock='8M\\nExecStartPre=+/bin/touch /run/pwned': must be a number", id="role_memlock"),
     pytest.param({"pd_services_ready_timeout_s": "60 --x"}, "pd_services_ready_timeout_s='60 --x': must be", id="role_timeout"),
+    pytest.param({"pd_services_watchdog_s": "60\nUser=root"}, "pd_services_watchdog_s='60\\nUser=root': must be",
+                 id="role_watchdog"),
     pytest.param({"pdnode_x\ny": 1}, "'pdnode_x\\ny'=1: is not a variable this bundle knows", id="unknown_name_newline"),
 ]
 
@@ -238,13 +240,14 @@ def test_cli_refuses_the_issue_reproductions(tmp_path):
 ROLE_CASES = {
     "pd_services": (
         {"pd_services_limit_memlock": "infinity", "pd_services_limit_nofile": 1048576,
-         "pd_services_ready_timeout_s": 1800},
+         "pd_services_ready_timeout_s": 1800, "pd_services_watchdog_s": 0},
         {"memlock_inject": {"pd_services_limit_memlock": INJECT},
          "memlock_unit": {"pd_services_limit_memlock": "8MB"},
          "memlock_newline": {"pd_services_limit_memlock": "8M\n"},
          "nofile_inject": {"pd_services_limit_nofile": "1024\nUser=root"},
          "timeout_arg": {"pd_services_ready_timeout_s": "60 --x"},
-         "timeout_zero": {"pd_services_ready_timeout_s": 0}}),
+         "timeout_zero": {"pd_services_ready_timeout_s": 0},
+         "watchdog_inject": {"pd_services_watchdog_s": "60\nUser=root"}}),
     "rdma": (
         {"rdma_memlock_users": ["sglang", "@rdma"], "rdma_memlock_limit": "unlimited"},
         {"users_inject": {"rdma_memlock_users": ["sglang\n*"]},

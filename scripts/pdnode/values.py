@@ -270,6 +270,8 @@ ROLE_PATTERNS = {
                                  "use e.g. 1048576"),
     "pd_services_ready_timeout_s": (re.compile(r"^[1-9][0-9]{0,6}\Z"), "must be a positive whole number of seconds",
                                     "use e.g. 1800"),
+    "pd_services_watchdog_s": (re.compile(r"^[0-9]{1,6}\Z"), "must be a whole number of seconds (0: no watchdog)",
+                               "use e.g. 60"),
     "rdma_memlock_limit": (re.compile(r"^([0-9]+|unlimited)\Z"), "must be unlimited or a number of KiB",
                            "use unlimited"),
 }
