@@ -83,7 +83,7 @@ def deploy(inventory) -> tuple[subprocess.CompletedProcess, float]:
 
 
 def test_corrupt_json_fails_the_restart_at_once_with_the_launchers_error(host):
-    host.check_output(f"cp {DECODE_JSON} /root/decode.json.good")
+    host.check_output(f"cp {DECODE_JSON} /var/tmp/decode.json.good")
     try:
         host.check_output(f"echo '{{not json' > {DECODE_JSON}")
         since = host.check_output("date '+%Y-%m-%d %H:%M:%S'")
@@ -92,7 +92,7 @@ def test_corrupt_json_fails_the_restart_at_once_with_the_launchers_error(host):
         took = time.monotonic() - t0
         journal = host.check_output(f"journalctl -u {UNITS[1]} --since '{since}' --no-pager -o cat")
     finally:
-        host.check_output(f"cp /root/decode.json.good {DECODE_JSON}")
+        host.check_output(f"cp /var/tmp/decode.json.good {DECODE_JSON}")
         restore(host)
     print(f"failed restart of decode with a corrupt JSON: {took:.1f} s")
     assert r.rc != 0
