@@ -54,19 +54,6 @@ def units_state(host) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def inventory(tmp_path_factory):
-    """An inventory for the scenario's instance with the scenario's description."""
-    inv = tmp_path_factory.mktemp("inv")
-    (inv / "host_vars").mkdir()
-    (inv / "group_vars").symlink_to(REPO / "inventories" / "demo" / "group_vars")
-    (inv / "hosts.yml").write_text(json.dumps({"all": {"hosts": {CONTAINER: {
-        "ansible_connection": "community.docker.docker", "ansible_host": CONTAINER}}}}))
-    (inv / "host_vars" / f"{CONTAINER}.yml").write_text(
-        (REPO / "molecule" / "node" / "host_vars" / "instance.yml").read_text())
-    return inv
-
-
-@pytest.fixture(scope="module")
 def run(host, inventory, keys, tmp_path_factory):
     """`pdnode collect INVENTORY --out DIR`, timed; (process, seconds, bundle, state before)."""
     out = tmp_path_factory.mktemp("bundle")

@@ -59,19 +59,6 @@ def restore(host):
     wait_serving(host)
 
 
-@pytest.fixture(scope="module")
-def inventory(tmp_path_factory):
-    """An inventory for the scenario's instance with the scenario's description."""
-    inv = tmp_path_factory.mktemp("inv")
-    (inv / "host_vars").mkdir()
-    (inv / "group_vars").symlink_to(REPO / "inventories" / "demo" / "group_vars")
-    (inv / "hosts.yml").write_text(json.dumps({"all": {"hosts": {CONTAINER: {
-        "ansible_connection": "community.docker.docker", "ansible_host": CONTAINER}}}}))
-    (inv / "host_vars" / f"{CONTAINER}.yml").write_text(
-        (REPO / "molecule" / "node" / "host_vars" / "instance.yml").read_text())
-    return inv
-
-
 def deploy(inventory) -> tuple[subprocess.CompletedProcess, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
     env.update(PATH=f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}", ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),

@@ -1,0 +1,25 @@
+"""Fixtures shared by the node scenario's tests that drive the bundle from the controller."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "instance")
+
+
+@pytest.fixture(scope="module")
+def inventory(tmp_path_factory):
+    """An inventory for the scenario's instance with the scenario's description."""
+    inv = tmp_path_factory.mktemp("inv")
+    (inv / "host_vars").mkdir()
+    (inv / "group_vars").symlink_to(REPO / "inventories" / "demo" / "group_vars")
+    (inv / "hosts.yml").write_text(json.dumps({"all": {"hosts": {CONTAINER: {
+        "ansible_connection": "community.docker.docker", "ansible_host": CONTAINER}}}}))
+    (inv / "host_vars" / f"{CONTAINER}.yml").write_text(
+        (REPO / "molecule" / "node" / "host_vars" / "instance.yml").read_text())
+    return inv
