@@ -38,8 +38,8 @@ def _plan_or_exit(args: argparse.Namespace) -> Plan:
 
 def cmd_check(args: argparse.Namespace) -> int:
     plan = _plan_or_exit(args)
-    print(f"{args.inventory}: host {plan.host} OK (prefill GPUs {_gpus(plan.gpus['prefill'])}, "
-          f"decode GPUs {_gpus(plan.gpus['decode'])}, {len(plan.ports)} ports)")
+    layout = ", ".join(f"{s['id']} GPUs {_gpus(s['gpus'])}" for s in plan.engines())
+    print(f"{args.inventory}: host {plan.host} OK ({layout}; {len(plan.ports)} ports)")
     return EXIT_OK
 
 
@@ -52,42 +52,64 @@ def cmd_render(args: argparse.Namespace) -> int:
     elif args.role == "alerts":
         from .monitoring import render_alert_rules  # controller-only: reads templates/
         print(render_alert_rules(plan.as_dict()), end="")
+    elif args.role in plan.services:
+        print(json.dumps(plan.services[args.role]["args"], indent=2, sort_keys=True))
     else:
-        print(json.dumps(getattr(plan, args.role), indent=2, sort_keys=True))
+        print(f"pdnode: no service {args.role!r} in this plan (services: {', '.join(plan.services)})", file=sys.stderr)
+        return EXIT_CANNOT_RUN
     return EXIT_OK
 
 
 def _gpus(ids: list[int]) -> str:
-    return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
+    if not ids:
+        return "-"
+    step = ids[1] - ids[0] if len(ids) > 1 else 1
+    if len(ids) > 1 and step == 1:
+        return f"{ids[0]}-{ids[-1]}"
+    return ",".join(map(str, ids))
+
+
+def _parallelism(a: dict) -> str:
+    text = f"TP {a['tp_size']}"
+    if a.get("dp_size", 1) > 1:
+        text += f" x {a['dp_size']} replicas"
+    if a.get("attn_dp_size", 1) > 1:
+        text += f", attn-DP {a['attn_dp_size']} (attn-TP {a['tp_size'] // a['attn_dp_size']})"
+    if "ep_size" in a:
+        text += f", EP {a['ep_size']}"
+    return text
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     plan = _plan_or_exit(args)
-    p, d, r = plan.prefill, plan.decode, plan.router
-    rows = [
-        ("role", "GPUs", "parallelism", "listens on"),
-        ("prefill", _gpus(plan.gpus["prefill"]),
-         f"TP {p['tp_size']}" + (f", attn-DP {p['attn_dp_size']}" if "attn_dp_size" in p else ""),
-         f"{p['host']}:{p['port']} (HTTP), :{p['disaggregation_bootstrap_port']} (bootstrap), "
-         f":{p['nccl_port']} (NCCL)"),
-        ("decode", _gpus(plan.gpus["decode"]),
-         f"TP {d['tp_size']}" + (f", attn-DP {d['attn_dp_size']} (attn-TP {d['tp_size'] // d['attn_dp_size']})"
-                                 if "attn_dp_size" in d else "") + (f", EP {d['ep_size']}" if "ep_size" in d else ""),
-         f"{d['host']}:{d['port']} (HTTP)"
-         + (f", :{d['port'] + 233}-{d['port'] + 239} (internal)" if "attn_dp_size" in d else "")
-         + f", :{d['nccl_port']} (NCCL)"),
-        ("router", "-", f"PD, policy {r['policy']}",
-         f"{r['host']}:{r['port']} (HTTP), {r['prometheus_host']}:{r['prometheus_port']} (metrics)"),
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    rows = [("service", "unit", "GPUs", "parallelism", "listens on")]
+    for s in plan.engines():
+        a = s["args"]
+        listens = f"{a['host']}:{a['port']} (HTTP)"
+        if s["role"] == "prefill":
+            listens += f", :{s['bootstrap_port']} (bootstrap)"
+        if a.get("attn_dp_size", 1) > 1:
+            listens += f", :{a['port'] + 233}-{a['port'] + 239} (internal)"
+        if "nccl_port" in a:
+            listens += f", :{a['nccl_port']} (NCCL)"
+        rows.append((s["id"], s["unit"], _gpus(s["gpus"]), _parallelism(a), listens))
+    r = plan.services["router"]
+    ra = r["args"]
+    rows.append(("router", r["unit"], "-", f"PD, policy {ra['policy']}",
+                 f"{ra['host']}:{ra['port']} (HTTP), {ra['prometheus_host']}:{ra['prometheus_port']} (metrics)"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    backend = p["disaggregation_transfer_backend"]
-    nics = "RDMA devices per GPU" if "disaggregation_ib_device" in p else "auto-discovered devices"
-    print(f"\nmodel {p['served_model_name']} from {p['model_path']}; KV moves prefill -> decode over "
+    first = plan.engines()[0]["args"]
+    backend = first["disaggregation_transfer_backend"]
+    nics = "RDMA devices per GPU" if "disaggregation_ib_device" in first else "auto-discovered devices"
+    print(f"\nmodel {first['served_model_name']} from {first['model_path']}; KV moves prefill -> decode over "
           f"{backend}" + (f" ({nics})" if backend != "mooncake_tcp" else " (TCP)") + ".")
+    bound = [s["id"] for s in plan.engines("decode") if s["bound_to"]]
+    if bound:
+        print(f"{', '.join(bound)} restart{'s' * (len(bound) == 1)} with the one prefill (docs/decisions.md).")
     return EXIT_OK
 
 
@@ -104,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("render", help="print the JSON that will be written on the host")
     _add_inventory(p)
-    p.add_argument("--role", required=True, choices=["prefill", "decode", "router", "router-argv", "plan", "alerts"])
+    p.add_argument("--role", required=True, metavar="WHAT",
+                   help="a service id (prefill-0, decode-0, router: its JSON), router-argv, plan or alerts")
     p.set_defaults(func=cmd_render)
     p = sub.add_parser("explain", help="who runs where: role, GPUs, parallelism, ports")
     _add_inventory(p)

@@ -40,26 +40,14 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_model_served_name", "str", REQUIRED, "name clients use in 'model' (letter or digit first, then letters, digits, . _ : / @ + -; at most 128)"),
     _F("pdnode_model_kind", "str", REQUIRED, "moe_mla | moe | dense"),
     _F("pdnode_model_load_format", "str_or_none", None, "SGLang --load-format (dummy: random weights)"),
-    # Prefill
-    _F("pdnode_prefill_gpus", "int_list", REQUIRED, "physical GPU ids of prefill, contiguous"),
-    _F("pdnode_prefill_tp_size", "int", REQUIRED, "prefill tensor parallel size (= its GPU count)"),
-    _F("pdnode_prefill_attn_dp_size", "int", 1, "prefill attention-DP (1: DP attention off)"),
-    _F("pdnode_prefill_port", "int", 30000, "prefill HTTP port (loopback)"),
-    _F("pdnode_prefill_bootstrap_port", "int", 8998, "prefill bootstrap server port"),
-    _F("pdnode_prefill_nccl_port", "int", REQUIRED, "prefill NCCL port (distinct from decode's)"),
-    _F("pdnode_prefill_mem_fraction_static", "float", 0.85, "prefill --mem-fraction-static"),
-    _F("pdnode_prefill_extra_args", "dict", {}, "more ServerArgs fields for prefill (names, types and choices of SGLang 0.5.23's parser; no secrets)"),
-    # Decode
-    _F("pdnode_decode_gpus", "int_list", REQUIRED, "physical GPU ids of decode, contiguous"),
-    _F("pdnode_decode_tp_size", "int", REQUIRED, "decode tp_size: ALL GPUs of the instance"),
-    _F("pdnode_decode_attn_dp_size", "int", 1, "decode attention-DP size (divides tp_size)"),
-    _F("pdnode_decode_ep_size", "int", 1, "decode expert parallel size (divides tp_size; MoE only)"),
-    _F("pdnode_decode_moe_dense_tp_size", "int_or_none", None, "dense-layer TP: unset, 1 or tp_size"),
-    _F("pdnode_decode_enable_dp_lm_head", "bool", False, "vocab-parallel lm head over DP (needs DP attention)"),
-    _F("pdnode_decode_port", "int", 30001, "decode HTTP port (loopback); port+233..+239 also bound"),
-    _F("pdnode_decode_nccl_port", "int", REQUIRED, "decode NCCL port (distinct from prefill's)"),
-    _F("pdnode_decode_mem_fraction_static", "float", 0.85, "decode --mem-fraction-static"),
-    _F("pdnode_decode_extra_args", "dict", {}, "more ServerArgs fields for decode (names, types and choices of SGLang 0.5.23's parser; no secrets)"),
+    _F("pdnode_model_weights_gb", "float_or_none", None, "weight size in GB (1e9 bytes) for the capacity check; "
+       "overrides pdnode_model_controller_path"),
+    _F("pdnode_model_controller_path", "str_or_none", None, "controller directory with the model's config.json "
+       "(and model.safetensors.index.json): the capacity check reads the weight size there (relative paths are "
+       "relative to the repository root)"),
+    # The engine instances (keys of each entry: INSTANCE_KEYS below)
+    _F("pdnode_prefill_instances", "instance_list", REQUIRED, "prefill instances of the host, each a mapping of INSTANCE_KEYS (below)"),
+    _F("pdnode_decode_instances", "instance_list", REQUIRED, "decode instances of the host, each a mapping of INSTANCE_KEYS (below)"),
     # Where prefill and decode listen (the router is the only public listener)
     _F("pdnode_worker_host", "str", "127.0.0.1", "address prefill and decode bind (loopback)"),
     # KV transfer
@@ -111,3 +99,41 @@ THRESHOLD_KEYS = {
 }
 
 BY_NAME = {f.name: f for f in FIELDS}
+
+
+@dataclass(frozen=True)
+class InstanceKey:
+    name: str
+    kind: str
+    default: Any
+    doc: str
+    roles: tuple[str, ...] = ("prefill", "decode")
+
+
+_K = InstanceKey
+# Keys of one entry of pdnode_prefill_instances / pdnode_decode_instances. A port left
+# out is allocated by the plan (pdnode.ports), collision-free.
+INSTANCE_KEYS: tuple[InstanceKey, ...] = (
+    _K("name", "str", None, "short name in the unit (<prefix>-<role>-<name>.service): a-z 0-9, at most 12; default the index"),
+    _K("gpus", "int_list", REQUIRED, "physical GPU ids, evenly spaced (the spacing is SGLang's gpu_id_step); "
+       "tp_size x dp_size of them"),
+    _K("tp_size", "int", None, "tensor parallel size: ALL GPUs of one replica, DP attention included (default: GPUs / dp_size)"),
+    _K("dp_size", "int", 1, "data-parallel replicas of the model in this instance (DP attention is attn_dp_size)"),
+    _K("attn_dp_size", "int", 1, "attention data parallel size (1: off; divides tp_size)"),
+    _K("ep_size", "int_or_none", None, "expert parallel size (divides tp_size; MoE only; unset: SGLang's choice)"),
+    _K("moe_dense_tp_size", "int_or_none", None, "dense-layer TP of a MoE model: unset, 1 or tp_size"),
+    _K("enable_dp_lm_head", "bool", False, "vocab-parallel lm head over DP attention (needs attn_dp_size > 1)"),
+    _K("port", "int", None, "HTTP port (loopback); with DP attention port+233..+239 are bound too (default: allocated)"),
+    _K("bootstrap_port", "int", None, "bootstrap server port (default: allocated from 8998)", ("prefill",)),
+    _K("nccl_port", "int", None, "NCCL port (default: allocated)"),
+    _K("mem_fraction_static", "float", 0.85, "--mem-fraction-static: share of GPU memory for weights and KV cache"),
+    _K("extra_args", "dict", {}, "more ServerArgs fields (names, types and choices of SGLang 0.5.23's parser; no secrets)"),
+)
+INSTANCE_KEYS_BY_NAME = {k.name: k for k in INSTANCE_KEYS}
+
+# The one-instance variables of earlier releases -> the instance key that replaced them.
+RETIRED_ROLE_VARIABLES = {
+    f"pdnode_{role}_{key}": key for role in ("prefill", "decode") for key in (
+        "gpus", "tp_size", "attn_dp_size", "ep_size", "moe_dense_tp_size", "enable_dp_lm_head", "port",
+        "bootstrap_port", "nccl_port", "mem_fraction_static", "extra_args")
+}

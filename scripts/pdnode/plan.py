@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from . import instances as inst_rules
 from . import values
-from .fields import BY_NAME, FIELDS, REQUIRED, THRESHOLD_KEYS
+from .fields import BY_NAME, FIELDS, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
+from .instances import Instance
+from .ports import allocate
 
 MODEL_KINDS = ("moe_mla", "moe", "dense")
 ENGINES = ("sglang", "sim")
@@ -25,36 +28,15 @@ ENGINES = ("sglang", "sim")
 TRANSFER_BACKENDS = ("mooncake", "mooncake_tcp", "nixl")
 IB_DEVICE_BACKENDS = ("mooncake", "nixl")
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")
-REMOVED_SERVER_ARGS = {  # removed from SGLang in 2026-03: unknown flags since
-    "disaggregation_decode_tp": "decode's TP is its own tp_size: set pdnode_decode_tp_size",
-    "disaggregation_decode_dp": "decode's DP is its own attn_dp_size: set pdnode_decode_attn_dp_size",
-    "disaggregation_prefill_pp": "set pipeline parallelism on the prefill instance itself (pp_size)",
-}
-# ServerArgs fields the plan derives; extra_args may not override them.
-OWNED_SERVER_ARGS = {
-    "model_path": "pdnode_model_path", "served_model_name": "pdnode_model_served_name",
-    "host": "pdnode_worker_host", "port": "pdnode_<role>_port", "tp_size": "pdnode_<role>_tp_size",
-    "attn_dp_size": "pdnode_<role>_attn_dp_size", "ep_size": "pdnode_decode_ep_size",
-    "moe_dense_tp_size": "pdnode_decode_moe_dense_tp_size",
-    "enable_dp_lm_head": "pdnode_decode_enable_dp_lm_head", "base_gpu_id": "pdnode_<role>_gpus",
-    "gpu_id_step": "pdnode_<role>_gpus", "disaggregation_mode": "(fixed by the role)",
-    "disaggregation_transfer_backend": "pdnode_transfer_backend",
-    "disaggregation_bootstrap_port": "pdnode_prefill_bootstrap_port",
-    "disaggregation_ib_device": "pdnode_ib_devices", "nccl_port": "pdnode_<role>_nccl_port",
-    "mem_fraction_static": "pdnode_<role>_mem_fraction_static", "enable_metrics": "(always on)",
-    "load_format": "pdnode_model_load_format", "api_key": "(a secret file, never a variable)",
-}
 OWNED_ROUTER_ARGS = {
-    "pd_disaggregation": "(always on)", "prefill": "pdnode_prefill_*", "decode": "pdnode_decode_*",
-    "worker_urls": "pdnode_prefill_*/pdnode_decode_*", "host": "pdnode_router_host",
+    "pd_disaggregation": "(always on)", "prefill": "pdnode_prefill_instances",
+    "decode": "pdnode_decode_instances", "worker_urls": "pdnode_prefill_instances/pdnode_decode_instances", "host": "pdnode_router_host",
     "port": "pdnode_router_port", "prometheus_host": "pdnode_router_metrics_host",
     "prometheus_port": "pdnode_router_metrics_port", "policy": "pdnode_router_policy",
     "worker_startup_timeout_secs": "pdnode_router_worker_startup_timeout_s",
     "cb_timeout_duration_secs": "pdnode_router_circuit_open_s",
     "api_key": "(a secret file, never a variable)",
 }
-# With DP attention and no --dist-init-addr, decode binds port+233 .. port+239 itself.
-DECODE_INTERNAL_PORT_OFFSETS = range(233, 240)
 _IB_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -79,28 +61,26 @@ class PlanError(Exception):
 @dataclass
 class Plan:
     host: str
-    prefill: dict[str, Any]
-    decode: dict[str, Any]
-    router: dict[str, Any]
+    install: dict[str, str]  # user, root, venv, config_dir, prefix, target, key paths
+    # Per service id (prefill-<name>..., decode-<name>..., router), in start order: its
+    # unit, the argv systemd runs, the URLs its readiness gate waits for, its files,
+    # arguments and environment. Templates and tasks only read these (docs/architecture.md).
+    services: dict[str, dict[str, Any]]
     ports: dict[str, int]
-    gpus: dict[str, list[int]]
-    environment: dict[str, dict[str, str]]
-    install: dict[str, str]  # user, root, venv, config_dir, unit names, key paths
     settings: dict[str, Any]  # the validated pdnode_* values, defaults filled in
     warnings: list[Problem] = field(default_factory=list)
-    # Per service: its unit, the argv systemd runs and the URLs its readiness gate waits
-    # for. Templates and tasks only read these (one source for every derived fact).
-    services: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def engines(self, role: str | None = None) -> list[dict[str, Any]]:
+        return [s for s in self.services.values()
+                if s["role"] in ("prefill", "decode") and (role is None or s["role"] == role)]
 
     def router_argv(self) -> list[str]:
-        return router_argv(self.router)
+        return router_argv(self.services["router"]["args"])
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "host": self.host, "prefill": self.prefill, "decode": self.decode,
-            "router": self.router, "router_argv": self.router_argv(), "ports": self.ports,
-            "gpus": self.gpus, "environment": self.environment, "install": self.install,
-            "settings": self.settings, "services": self.services,
+            "host": self.host, "install": self.install, "services": self.services,
+            "router_argv": self.router_argv(), "ports": self.ports, "settings": self.settings,
             "warnings": [str(w) for w in self.warnings],
         }
 
@@ -170,6 +150,8 @@ class _Checker:
             "bool": lambda v: isinstance(v, bool),
             "dict": lambda v: isinstance(v, dict),
             "int_list": lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
+            "float_or_none": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+            "instance_list": lambda v: isinstance(v, list),
         }[spec.kind](value)
         if isinstance(value, str) and "{{" in value:
             self.error(name, value, "templated values are not supported in the node description",
@@ -178,15 +160,16 @@ class _Checker:
         if not ok:
             want = {"int_list": "a list of integers", "int_or_none": "an integer or null",
                     "str_or_none": "a non-empty string or null", "str": "a non-empty string", "int": "an integer",
-                    "float": "a number", "bool": "true or false", "dict": "a mapping"}[spec.kind]
+                    "float": "a number", "bool": "true or false", "dict": "a mapping",
+                    "float_or_none": "a number or null", "instance_list": "a list of instance mappings"}[spec.kind]
             self.error(name, value, f"must be {want}", f"write {name} as {want} ({spec.doc})")
             return None
-        return float(value) if spec.kind == "float" else value
+        return float(value) if spec.kind == "float" or (spec.kind == "float_or_none" and value is not None) else value
 
 
 def _unknown_variables(c: _Checker) -> None:
     for name in sorted(c.raw):
-        if name.startswith("pdnode_") and name not in BY_NAME:
+        if name.startswith("pdnode_") and name not in BY_NAME and name not in RETIRED_ROLE_VARIABLES:
             close = [f.name for f in FIELDS if _similar(name, f.name)]
             hint = f"did you mean {close[0]}?" if close else "see docs/inventory.md for the variables"
             c.error(name, c.raw[name], "is not a variable this bundle knows", f"remove or rename it ({hint})")
@@ -209,99 +192,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _check_gpus(c: _Checker, role: str, gpus: Any, tp: Any, gpu_count: Any) -> None:
-    name = f"pdnode_{role}_gpus"
-    if not isinstance(gpus, list):
-        return
-    if not gpus:
-        c.error(name, gpus, "is empty", f"list the physical GPU ids {role} runs on")
-        return
-    if isinstance(gpu_count, int):
-        missing = [g for g in gpus if not 0 <= g < gpu_count]
-        if missing:
-            c.error(name, gpus, f"GPU ids {missing} do not exist on a host with pdnode_gpu_count={gpu_count}",
-                    f"use ids 0..{gpu_count - 1}")
-    if len(set(gpus)) != len(gpus):
-        c.error(name, gpus, "lists a GPU more than once", "list each GPU once")
-    elif gpus != list(range(gpus[0], gpus[0] + len(gpus))):
-        c.error(name, gpus, "must be contiguous and ascending (SGLang places rank r on base_gpu_id + r)",
-                f"use a range such as {list(range(min(gpus), min(gpus) + len(gpus)))}")
-    if isinstance(tp, int) and len(gpus) != tp:
-        c.error(name, gpus, f"has {len(gpus)} GPUs but pdnode_{role}_tp_size={tp} "
-                "(with DP attention tp_size is still the instance's total GPU count)",
-                f"give {role} exactly tp_size GPUs, or set pdnode_{role}_tp_size={len(gpus)}")
-
-
-def _check_parallel(c: _Checker, role: str, tp: Any, attn_dp: Any, gpus: int) -> None:
-    if isinstance(tp, int) and tp < 1:
-        c.error(f"pdnode_{role}_tp_size", tp, "must be at least 1", "set the number of GPUs of the instance")
-        return
-    if isinstance(attn_dp, int) and attn_dp < 1:
-        c.error(f"pdnode_{role}_attn_dp_size", attn_dp, "must be at least 1", "use 1 to turn DP attention off")
-        return
-    if isinstance(tp, int) and isinstance(attn_dp, int) and tp % attn_dp:
-        c.error(f"pdnode_{role}_tp_size", tp,
-                f"is not divisible by the attention-DP size pdnode_{role}_attn_dp_size={attn_dp} "
-                "(SGLang asserts tp_size % attn_dp_size == 0; tp_size counts ALL GPUs of the instance, "
-                "attention-TP per DP rank is tp_size/attn_dp_size)",
-                f"set pdnode_{role}_tp_size to the instance's GPU count and pdnode_{role}_attn_dp_size to a "
-                f"divisor of it (e.g. tp_size={gpus} with attn_dp_size={gpus if gpus % attn_dp else attn_dp})")
-
-
-def _check_extra(c: _Checker, role: str, extra: Any, known: frozenset[str]) -> None:
-    name = f"pdnode_{role}_extra_args"
-    if not isinstance(extra, dict):
-        return
-    for key, value in extra.items():
-        if key in REMOVED_SERVER_ARGS:
-            c.error(f"{name}.{key}", value, "was removed from SGLang in 2026-03 (now an unknown flag)",
-                    REMOVED_SERVER_ARGS[key])
-        elif key == "enable_dp_attention" or (key == "dp_size" and value not in (None, 1)):
-            c.error(f"{name}.{key}", value,
-                    "is the deprecated DP-attention spelling (--enable-dp-attention --dp-size N; "
-                    "rewritten to attn_dp_size=N and rejected by SGLang's YAML config)",
-                    f"remove it and set pdnode_{role}_attn_dp_size")
-        elif key in OWNED_SERVER_ARGS:
-            owner = OWNED_SERVER_ARGS[key].replace("<role>", role)
-            c.error(f"{name}.{key}", value, f"is set by the plan from {owner}", f"remove it from {name}")
-        elif key not in known:
-            close = [k for k in known if _similar(key, k)]
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            c.error(f"{name}.{key}", value, "is not a ServerArgs field of SGLang 0.5.23",
-                    f"use a field name from `python -m sglang.launch_server --help` with underscores{hint}")
-        else:
-            values.check_server_arg(c.error, name, key, value)  # type, choices, secrets
-
-
-def _check_moe(c: _Checker, kind: Any, tp: Any, attn_dp: Any, ep: Any, dense_tp: Any,
-               dp_lm_head: Any, extra: dict[str, Any]) -> None:
-    if not isinstance(tp, int) or tp < 1:
-        return
-    if isinstance(ep, int):
-        if ep < 1:
-            c.error("pdnode_decode_ep_size", ep, "must be at least 1", "use 1 for no expert parallelism")
-        elif ep > 1 and kind == "dense":
-            c.error("pdnode_decode_ep_size", ep, "expert parallelism needs a MoE model but pdnode_model_kind='dense'",
-                    "set pdnode_decode_ep_size: 1 for a dense model")
-        elif tp % ep:
-            c.error("pdnode_decode_ep_size", ep,
-                    f"does not divide pdnode_decode_tp_size={tp} (EP is carved out of the TP world)",
-                    f"use an ep_size that divides {tp}, e.g. {tp}")
-        a2a = extra.get("moe_a2a_backend") if isinstance(extra, dict) else None
-        if a2a not in (None, "none") and ep != tp:
-            c.error("pdnode_decode_ep_size", ep,
-                    f"must equal tp_size={tp} with an all-to-all MoE backend (moe_a2a_backend={a2a!r})",
-                    f"set pdnode_decode_ep_size: {tp}")
-    if dense_tp is not None and dense_tp not in (1, tp):
-        c.error("pdnode_decode_moe_dense_tp_size", dense_tp, f"must be unset, 1 or tp_size ({tp})",
-                "use 1 (dense layers data-parallel) or leave it unset")
-    if dense_tp is not None and kind == "dense":
-        c.error("pdnode_decode_moe_dense_tp_size", dense_tp, "only applies to MoE models", "leave it unset")
-    if dp_lm_head is True and isinstance(attn_dp, int) and attn_dp <= 1:
-        c.error("pdnode_decode_enable_dp_lm_head", True, "needs DP attention (pdnode_decode_attn_dp_size > 1)",
-                "set pdnode_decode_attn_dp_size > 1 or set this to false")
 
 
 def _check_transfer(c: _Checker, backend: Any, ib: Any, used_gpus: list[int]) -> dict[int, str]:
@@ -333,7 +223,7 @@ def _check_transfer(c: _Checker, backend: Any, ib: Any, used_gpus: list[int]) ->
         mapping[gpu] = ",".join(names)
     unmapped = [g for g in used_gpus if g not in mapping]
     if unmapped and mapping:
-        c.error("pdnode_ib_devices", ib, f"has no device for GPUs {unmapped} used by prefill/decode "
+        c.error("pdnode_ib_devices", ib, f"has no device for GPUs {unmapped} used by the engine instances "
                 "(SGLang raises 'No IB devices configured for GPU n')",
                 "map every GPU of prefill and decode to its closest NIC (see `nvidia-smi topo -m`)")
     return mapping
@@ -354,6 +244,7 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
     """Validate a node description and derive the plan; raise PlanError with all problems."""
     c = _Checker(variables)
     _unknown_variables(c)
+    inst_rules.check_retired(c)
     v = {f.name: c.get(f.name) for f in FIELDS}
     known = known_server_args()
     # Every value that reaches a unit, an environment file, argv or a path: strict patterns.
@@ -379,38 +270,41 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
                 "use a dedicated system user such as sglang")
     if isinstance(v["pdnode_gpu_count"], int) and v["pdnode_gpu_count"] < 1:
         c.error("pdnode_gpu_count", v["pdnode_gpu_count"], "must be at least 1", "set the number of GPUs of the host")
-    for role in ("prefill", "decode"):
-        frac = v[f"pdnode_{role}_mem_fraction_static"]
-        if isinstance(frac, float) and not 0 < frac < 1:
-            c.error(f"pdnode_{role}_mem_fraction_static", frac, "must be between 0 and 1", "use e.g. 0.85")
     worker_host = v["pdnode_worker_host"]
     if isinstance(worker_host, str) and not _is_loopback(worker_host):
         c.error("pdnode_worker_host", worker_host, "prefill and decode must listen on loopback only "
                 "(the router is the node's one public endpoint)", "use 127.0.0.1")
 
-    # GPUs and parallelism
+    # The instances: each alone, then together (GPUs, ports)
     kind = v["pdnode_model_kind"]
-    for role in ("prefill", "decode"):
-        _check_gpus(c, role, v[f"pdnode_{role}_gpus"], v[f"pdnode_{role}_tp_size"], v["pdnode_gpu_count"])
-        role_gpus = v[f"pdnode_{role}_gpus"]
-        n_gpus = len(role_gpus) if role_gpus else 4
-        _check_parallel(c, role, v[f"pdnode_{role}_tp_size"], v[f"pdnode_{role}_attn_dp_size"], n_gpus)
-        _check_extra(c, role, v[f"pdnode_{role}_extra_args"], known)
-    pg, dg = v["pdnode_prefill_gpus"] or [], v["pdnode_decode_gpus"] or []
-    shared = sorted(set(pg) & set(dg))
-    if shared:
-        c.error("pdnode_decode_gpus", dg, f"GPUs {shared} are also in pdnode_prefill_gpus", "give each GPU to one role")
-    if isinstance(v["pdnode_prefill_attn_dp_size"], int) and v["pdnode_prefill_attn_dp_size"] > 1:
-        c.warn("pdnode_prefill_attn_dp_size", v["pdnode_prefill_attn_dp_size"],
-               "DP attention on prefill makes each GPU attend one request: TTFT gets several times worse",
-               "use plain TP on prefill (attn_dp_size 1)")
-    decode_extra = v["pdnode_decode_extra_args"] if isinstance(v["pdnode_decode_extra_args"], dict) else {}
-    _check_moe(c, kind, v["pdnode_decode_tp_size"], v["pdnode_decode_attn_dp_size"], v["pdnode_decode_ep_size"],
-               v["pdnode_decode_moe_dense_tp_size"], v["pdnode_decode_enable_dp_lm_head"], decode_extra)
-    ib_map = _check_transfer(c, v["pdnode_transfer_backend"], v["pdnode_ib_devices"], pg + dg)
+    engines: list[Instance] = []
+    for role in inst_rules.ROLES:
+        if f"pdnode_{role}_instances" in skip:
+            continue
+        for inst in inst_rules.read(c, role, v[f"pdnode_{role}_instances"]):
+            inst_rules.check(c, inst, v["pdnode_gpu_count"], kind, known)
+            engines.append(inst)
+    inst_rules.check_shared_gpus(c, engines)
+    ib_map = _check_transfer(c, v["pdnode_transfer_backend"], v["pdnode_ib_devices"],
+                             sorted({g for i in engines for g in i.gpus}))
     _check_thresholds(c, v["pdnode_verify_thresholds"])
+    _check_router(c, v)
+    ports = allocate(c, engines, {
+        "router.port": ("pdnode_router_port", v["pdnode_router_port"]),
+        "router.metrics_port": ("pdnode_router_metrics_port", v["pdnode_router_metrics_port"]),
+    })
+    for name in ("pdnode_router_port", "pdnode_router_metrics_port"):
+        _check_port(c, name, v[name])
+    if v["pdnode_router_port"] == 30000:
+        c.warn("pdnode_router_port", 30000, "30000 is SGLang's default server port (and sglang-router's); "
+               "it is easy to collide with a worker started by hand", "prefer 8000")
 
-    # Router
+    if c.problems:
+        raise PlanError(c.problems)
+    return _derive(v, engines, ib_map, ports, c.warnings, host)
+
+
+def _check_router(c: _Checker, v: dict[str, Any]) -> None:
     if v["pdnode_router_policy"] is not None and v["pdnode_router_policy"] not in ROUTER_POLICIES:
         c.error("pdnode_router_policy", v["pdnode_router_policy"], "not a PD routing policy of sglang-router 0.3.2",
                 f"use one of {', '.join(ROUTER_POLICIES)}")
@@ -429,87 +323,127 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
         c.warn("pdnode_router_metrics_host", metrics_host, "router metrics are reachable beyond this host",
                "bind them to 127.0.0.1 unless a remote Prometheus scrapes them")
 
-    # Ports: every listener of the node, once
-    ports = _ports(v)
-    owners: dict[int, str] = {}
-    for name, port in ports.items():
-        if not isinstance(port, int):
-            continue
-        if name.startswith("pdnode_"):
-            _check_port(c, name, port)
-        if port in owners:
-            a, b = owners[port], name
-            c.error(b if b.startswith("pdnode_") else a, port, f"port {port} is used by both {a} and {b}",
-                    "give every listener its own port (decode also binds its port+233..+239)")
-        else:
-            owners[port] = name
-    if v["pdnode_router_port"] == 30000:
-        c.warn("pdnode_router_port", 30000, "30000 is SGLang's default server port (and sglang-router's); "
-               "it is easy to collide with a worker started by hand", "prefer 8000")
 
-    if c.problems:
-        raise PlanError(c.problems)
-    return _derive(v, ib_map, ports, c.warnings, host)
-
-
-def _ports(v: dict[str, Any]) -> dict[str, int]:
-    ports = {name: v[name] for name in (
-        "pdnode_prefill_port", "pdnode_prefill_bootstrap_port", "pdnode_prefill_nccl_port",
-        "pdnode_decode_port", "pdnode_decode_nccl_port", "pdnode_router_port", "pdnode_router_metrics_port")}
-    dport, ddp = v["pdnode_decode_port"], v["pdnode_decode_attn_dp_size"]
-    if isinstance(dport, int) and isinstance(ddp, int) and ddp > 1:
-        for off in DECODE_INTERNAL_PORT_OFFSETS:
-            ports[f"pdnode_decode_port+{off}"] = dport + off
-    pport, pdp = v["pdnode_prefill_port"], v["pdnode_prefill_attn_dp_size"]
-    if isinstance(pport, int) and isinstance(pdp, int) and pdp > 1:
-        for off in DECODE_INTERNAL_PORT_OFFSETS:
-            ports[f"pdnode_prefill_port+{off}"] = pport + off
-    return ports
-
-
-def _server_args(v: dict[str, Any], role: str, ib_map: dict[int, str]) -> dict[str, Any]:
-    gpus = v[f"pdnode_{role}_gpus"]
+def _server_args(v: dict[str, Any], inst: Instance, bootstrap_port: int, ib_map: dict[int, str]) -> dict[str, Any]:
     args: dict[str, Any] = {
         "model_path": v["pdnode_model_path"],
         "served_model_name": v["pdnode_model_served_name"],
         "host": v["pdnode_worker_host"],
-        "port": v[f"pdnode_{role}_port"],
-        "tp_size": v[f"pdnode_{role}_tp_size"],
-        "base_gpu_id": gpus[0],
-        "gpu_id_step": 1,
-        "nccl_port": v[f"pdnode_{role}_nccl_port"],
-        "mem_fraction_static": v[f"pdnode_{role}_mem_fraction_static"],
-        "disaggregation_mode": role,
+        "port": inst.port,
+        "tp_size": inst.tp_size,
+        "base_gpu_id": inst.gpus[0],
+        "gpu_id_step": inst.gpu_id_step,
+        "mem_fraction_static": inst.mem_fraction_static,
+        "disaggregation_mode": inst.role,
         "disaggregation_transfer_backend": v["pdnode_transfer_backend"],
-        "disaggregation_bootstrap_port": v["pdnode_prefill_bootstrap_port"],
+        # Decode learns each request's prefill bootstrap from the router; its own value
+        # is SGLang's fallback only.
+        "disaggregation_bootstrap_port": bootstrap_port,
         "enable_metrics": True,
     }
-    if v[f"pdnode_{role}_attn_dp_size"] > 1:
-        args["attn_dp_size"] = v[f"pdnode_{role}_attn_dp_size"]
-    if role == "decode":
-        if v["pdnode_decode_ep_size"] > 1:
-            args["ep_size"] = v["pdnode_decode_ep_size"]
-        if v["pdnode_decode_moe_dense_tp_size"] is not None:
-            args["moe_dense_tp_size"] = v["pdnode_decode_moe_dense_tp_size"]
-        if v["pdnode_decode_enable_dp_lm_head"]:
-            args["enable_dp_lm_head"] = True
+    if inst.nccl_port is not None:
+        args["nccl_port"] = inst.nccl_port
+    if inst.dp_size > 1:
+        args["dp_size"] = inst.dp_size
+    if inst.attn_dp_size > 1:
+        args["attn_dp_size"] = inst.attn_dp_size
+    if inst.ep_size is not None and inst.ep_size > 1 and v["pdnode_model_kind"] != "dense":
+        args["ep_size"] = inst.ep_size
+    if inst.moe_dense_tp_size is not None and v["pdnode_model_kind"] != "dense":
+        args["moe_dense_tp_size"] = inst.moe_dense_tp_size
+    if inst.enable_dp_lm_head:
+        args["enable_dp_lm_head"] = True
     if ib_map:
         # Keys are physical GPU ids: SGLang looks up base_gpu_id + rank * gpu_id_step.
-        args["disaggregation_ib_device"] = {str(g): ib_map[g] for g in gpus}
+        args["disaggregation_ib_device"] = {str(g): ib_map[g] for g in inst.gpus}
     if v["pdnode_model_load_format"]:
         args["load_format"] = v["pdnode_model_load_format"]
-    args.update(v[f"pdnode_{role}_extra_args"])
+    args.update(inst.extra_args)
     return args
 
 
-def _derive(v: dict[str, Any], ib_map: dict[int, str], ports: dict[str, int],
+def _release(v: dict[str, Any]) -> str:
+    # One virtualenv per release set: an upgrade installs beside the running one.
+    # Every version installed into the venv names it, the CUDA 13 Mooncake build too:
+    # otherwise changing that version would install into the running release in place.
+    return (f"sglang-{v['pdnode_sglang_version']}" if v["pdnode_engine"] == "sglang" else "sim") + (
+        f"-router-{v['pdnode_sglang_router_version']}-mooncake-{v['pdnode_mooncake_version']}"
+        f"-cu13-{v['pdnode_mooncake_cuda13_version']}")
+
+
+def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], ports: dict[str, int],
             warnings: list[Problem], host: str) -> Plan:
-    wh = v["pdnode_worker_host"]
-    url_host = f"[{wh}]" if ":" in wh else wh
+    prefix, config_dir, root = v["pdnode_service_prefix"], v["pdnode_config_dir"], v["pdnode_install_root"]
+    venv = f"{root}/venvs/{_release(v)}"
+    install = {
+        "user": v["pdnode_service_user"], "root": root, "venv": venv, "config_dir": config_dir,
+        "engine": v["pdnode_engine"], "prefix": prefix, "target": f"{prefix}.target",
+        "python": f"{venv}/bin/python",
+        "api_key_path": f"{config_dir}/api-key",
+        "admin_key_path": f"{config_dir}/router-admin-key",
+    }
+    env_common = {"HF_HUB_OFFLINE": "1", **{str(k): str(val) for k, val in v["pdnode_engine_environment"].items()}}
+    if v["pdnode_engine"] == "sim":
+        env_common.update({
+            "PDNODE_SIM_PREFILL_MS_PER_TOKEN": str(v["pdnode_sim_prefill_ms_per_token"]),
+            "PDNODE_SIM_DECODE_MS_PER_TOKEN": str(v["pdnode_sim_decode_ms_per_token"]),
+            "PDNODE_SIM_STARTUP_S": str(v["pdnode_sim_startup_s"]),
+        })
+    key = ["--api-key-file", install["api_key_path"]] if v["pdnode_api_key_file"] else []
+    prefills = [i for i in engines if i.role == "prefill"]
+    first_bootstrap = prefills[0].bootstrap_port if prefills else 8998
+    services: dict[str, dict[str, Any]] = {}
+    for inst in engines:
+        args = _server_args(v, inst, inst.bootstrap_port if inst.role == "prefill" else first_bootstrap, ib_map)
+        base = f"http://{_url_host(args['host'])}"
+        ready = [f"{base}:{inst.port}/health"]
+        svc: dict[str, Any] = {
+            "id": inst.id, "role": inst.role, "name": inst.name, "unit": f"{prefix}-{inst.id}.service",
+            "config": f"{config_dir}/{inst.id}.json", "env_file": f"{config_dir}/{inst.id}.env",
+            "args": args, "environment": dict(env_common), "gpus": list(inst.gpus),
+            "url": f"{base}:{inst.port}",
+        }
+        if inst.role == "prefill":
+            # The bootstrap server answers /route once every prefill rank registered.
+            ready.append(f"{base}:{inst.bootstrap_port}/route?prefill_dp_rank=-1"
+                         "&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1")
+            svc["bootstrap_port"] = inst.bootstrap_port
+        svc["ready"] = ready
+        # --watchdog-url: the launcher's sidecar feeds systemd's watchdog from /health
+        # (only when the unit sets WatchdogSec=).
+        svc["exec"] = [install["python"], "-m", "pdnode.launcher", "--engine", install["engine"],
+                       "--watchdog-url", ready[0], svc["config"], *key]
+        services[inst.id] = svc
+    _couple(services, prefix)
+    services["router"] = _router_service(v, services, install, key)
+    return Plan(host=host, install=install, services=services, ports=ports, settings=_settings(v, engines),
+                warnings=warnings)
+
+
+def _couple(services: dict[str, dict[str, Any]], prefix: str) -> None:
+    """Which engine units go down and up together (docs/decisions.md, "Restart coupling").
+
+    With one prefill, the node cannot serve while it is down, so its decodes go down and
+    come back with it (a clean pairing costs no availability). With several prefills a
+    decode is bound to none: a dead prefill must not take the decodes (and with them
+    the other prefills' traffic) down; the decode drops the dead prefill's state after
+    its heartbeats fail and registers again when it returns."""
+    prefills = [s for s in services.values() if s["role"] == "prefill"]
+    decodes = [s for s in services.values() if s["role"] == "decode"]
+    for s in services.values():
+        s["bound_to"], s["upholds"] = None, []
+    if len(prefills) == 1:
+        prefills[0]["upholds"] = [d["unit"] for d in decodes]
+        for d in decodes:
+            d["bound_to"] = prefills[0]["unit"]
+
+
+def _router_service(v: dict[str, Any], services: dict[str, dict[str, Any]], install: dict[str, str],
+                    key: list[str]) -> dict[str, Any]:
     router: dict[str, Any] = {
         "pd_disaggregation": True,
-        "prefill": [[f"http://{url_host}:{v['pdnode_prefill_port']}", v["pdnode_prefill_bootstrap_port"]]],
-        "decode": [f"http://{url_host}:{v['pdnode_decode_port']}"],
+        "prefill": [[s["url"], s["bootstrap_port"]] for s in services.values() if s["role"] == "prefill"],
+        "decode": [s["url"] for s in services.values() if s["role"] == "decode"],
         "host": v["pdnode_router_host"],
         "port": v["pdnode_router_port"],
         "prometheus_host": v["pdnode_router_metrics_host"],
@@ -519,47 +453,34 @@ def _derive(v: dict[str, Any], ib_map: dict[int, str], ports: dict[str, int],
         "cb_timeout_duration_secs": v["pdnode_router_circuit_open_s"],
     }
     router.update(v["pdnode_router_extra_args"])
-    env_common = {"HF_HUB_OFFLINE": "1", **{str(k): str(val) for k, val in v["pdnode_engine_environment"].items()}}
-    environment = {"prefill": dict(env_common), "decode": dict(env_common), "router": {"HF_HUB_OFFLINE": "1"}}
-    if v["pdnode_engine"] == "sim":
-        for role in ("prefill", "decode"):
-            environment[role].update({
-                "PDNODE_SIM_PREFILL_MS_PER_TOKEN": str(v["pdnode_sim_prefill_ms_per_token"]),
-                "PDNODE_SIM_DECODE_MS_PER_TOKEN": str(v["pdnode_sim_decode_ms_per_token"]),
-                "PDNODE_SIM_STARTUP_S": str(v["pdnode_sim_startup_s"]),
-            })
-    prefix = v["pdnode_service_prefix"]
-    # One virtualenv per release set: an upgrade installs beside the running one.
-    # Every version installed into the venv names it, the CUDA 13 Mooncake build too:
-    # otherwise changing that version would install into the running release in place.
-    release = (f"sglang-{v['pdnode_sglang_version']}" if v["pdnode_engine"] == "sglang" else "sim") + (
-        f"-router-{v['pdnode_sglang_router_version']}-mooncake-{v['pdnode_mooncake_version']}"
-        f"-cu13-{v['pdnode_mooncake_cuda13_version']}")
-    config_dir = v["pdnode_config_dir"]
-    install = {
-        "user": v["pdnode_service_user"], "root": v["pdnode_install_root"],
-        "venv": f"{v['pdnode_install_root']}/venvs/{release}", "config_dir": config_dir,
-        "engine": v["pdnode_engine"], "prefix": prefix, "target": f"{prefix}.target",
-        **{f"unit_{role}": f"{prefix}-{role}.service" for role in ("prefill", "decode", "router")},
-        "python": f"{v['pdnode_install_root']}/venvs/{release}/bin/python",
-        "api_key_path": f"{config_dir}/api-key",
-        "admin_key_path": f"{config_dir}/router-admin-key",
+    cfg = install["config_dir"]
+    url = f"http://{_url_host(str(router['host']))}:{router['port']}"
+    return {
+        "id": "router", "role": "router", "name": "router", "unit": f"{install['prefix']}-router.service",
+        "config": f"{cfg}/router.json", "env_file": f"{cfg}/router.env", "args": router,
+        "environment": {"HF_HUB_OFFLINE": "1"}, "gpus": [], "url": url,
+        "metrics_url": f"http://{_url_host(str(router['prometheus_host']))}:{router['prometheus_port']}/metrics",
+        # The router's worker-management API needs the admin key, always (clients hold
+        # only the API key, if any).
+        "exec": [install["python"], "-m", "pdnode.router_launch", f"{cfg}/router.json",
+                 "--admin-key-file", install["admin_key_path"], *key],
+        # /readiness turns 200 once a prefill and a decode are registered; gate there.
+        "ready": [f"{url}/readiness"],
+        "bound_to": None, "upholds": [],
     }
-    prefill = _server_args(v, "prefill", ib_map)
-    decode = _server_args(v, "decode", ib_map)
-    return Plan(
-        host=host,
-        install=install,
-        prefill=prefill,
-        decode=decode,
-        router=router,
-        ports={k: p for k, p in ports.items()},
-        gpus={"prefill": list(v["pdnode_prefill_gpus"]), "decode": list(v["pdnode_decode_gpus"])},
-        environment=environment,
-        settings=v,
-        warnings=warnings,
-        services=_services(install, prefill, decode, router, with_api_key=bool(v["pdnode_api_key_file"])),
-    )
+
+
+def _settings(v: dict[str, Any], engines: list[Instance]) -> dict[str, Any]:
+    """The validated values, instances normalised (every key filled, ports allocated)."""
+    out = dict(v)
+    for role in ("prefill", "decode"):
+        out[f"pdnode_{role}_instances"] = [
+            {k: (getattr(i, k) if k != "extra_args" else dict(i.extra_args))
+             for k in ("name", "gpus", "tp_size", "dp_size", "attn_dp_size", "ep_size", "moe_dense_tp_size",
+                       "enable_dp_lm_head", "port", "bootstrap_port", "nccl_port", "mem_fraction_static",
+                       "extra_args") if k != "bootstrap_port" or role == "prefill"}
+            for i in engines if i.role == role]
+    return out
 
 
 def _url_host(host: str) -> str:
@@ -570,37 +491,3 @@ def _url_host(host: str) -> str:
     if host == "::":
         return "[::1]"
     return f"[{host}]" if ":" in host else host
-
-
-def _services(install: dict[str, Any], prefill: dict[str, Any], decode: dict[str, Any],
-              router: dict[str, Any], with_api_key: bool) -> dict[str, dict[str, Any]]:
-    """unit, exec argv and readiness URLs of each service."""
-    py = install["python"]
-    cfg = install["config_dir"]
-    key = ["--api-key-file", install["api_key_path"]] if with_api_key else []
-    services: dict[str, dict[str, Any]] = {}
-    for role, args in (("prefill", prefill), ("decode", decode)):
-        base = f"http://{_url_host(args['host'])}"
-        ready = [f"{base}:{args['port']}/health"]
-        if role == "prefill":
-            # The bootstrap server answers /route once every prefill rank registered.
-            ready.append(f"{base}:{args['disaggregation_bootstrap_port']}/route?prefill_dp_rank=-1"
-                         "&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1")
-        services[role] = {
-            "unit": install[f"unit_{role}"],
-            # --watchdog-url: the launcher's sidecar feeds systemd's watchdog from /health
-            # (only when the unit sets WatchdogSec=).
-            "exec": [py, "-m", "pdnode.launcher", "--engine", install["engine"], "--watchdog-url", ready[0],
-                     f"{cfg}/{role}.json", *key],
-            "ready": ready,
-        }
-    # The router's worker-management API needs the admin key, always (clients hold only
-    # the API key, if any).
-    services["router"] = {
-        "unit": install["unit_router"],
-        "exec": [py, "-m", "pdnode.router_launch", f"{cfg}/router.json",
-                 "--admin-key-file", install["admin_key_path"], *key],
-        # /readiness turns 200 once a prefill and a decode are registered; gate there.
-        "ready": [f"http://{_url_host(str(router['host']))}:{router['port']}/readiness"],
-    }
-    return services

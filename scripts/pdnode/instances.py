@@ -1,0 +1,313 @@
+"""The engine instances of a node: ``pdnode_prefill_instances`` / ``pdnode_decode_instances``.
+
+Each entry is a mapping of ``fields.INSTANCE_KEYS``. This module reads the entries into
+:class:`Instance` values and applies every rule that concerns one instance (or two
+instances sharing GPUs), aligned with what SGLang 0.5.23 itself accepts. Problems are
+reported through the plan's checker, one line per cause, naming
+``pdnode_<role>_instances[i].<key>``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import values
+from .fields import INSTANCE_KEYS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES
+
+ROLES = ("prefill", "decode")
+NAME_RE = re.compile(r"^[a-z0-9]{1,12}$")
+REMOVED_SERVER_ARGS = {  # removed from SGLang in 2026-03: unknown flags since
+    "disaggregation_decode_tp": "decode's TP is its own tp_size: set tp_size on the decode instance",
+    "disaggregation_decode_dp": "decode's DP is its own attn_dp_size: set attn_dp_size on the decode instance",
+    "disaggregation_prefill_pp": "set pipeline parallelism on the prefill instance itself (pp_size)",
+}
+# ServerArgs fields the plan derives; extra_args may not override them.
+OWNED_SERVER_ARGS = {
+    "model_path": "pdnode_model_path", "served_model_name": "pdnode_model_served_name",
+    "host": "pdnode_worker_host", "port": "the instance's port", "tp_size": "the instance's tp_size",
+    "dp_size": "the instance's dp_size", "attn_dp_size": "the instance's attn_dp_size",
+    "ep_size": "the instance's ep_size", "moe_dense_tp_size": "the instance's moe_dense_tp_size",
+    "enable_dp_lm_head": "the instance's enable_dp_lm_head", "base_gpu_id": "the instance's gpus",
+    "gpu_id_step": "the instance's gpus (their spacing)", "disaggregation_mode": "(fixed by the role)",
+    "disaggregation_transfer_backend": "pdnode_transfer_backend",
+    "disaggregation_bootstrap_port": "the prefill instance's bootstrap_port",
+    "disaggregation_ib_device": "pdnode_ib_devices", "nccl_port": "the instance's nccl_port",
+    "mem_fraction_static": "the instance's mem_fraction_static", "enable_metrics": "(always on)",
+    "load_format": "pdnode_model_load_format", "api_key": "(a secret file, never a variable)",
+}
+_KIND_OK = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "int_or_none": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str) and v != "",
+    "bool": lambda v: isinstance(v, bool),
+    "dict": lambda v: isinstance(v, dict),
+    "int_list": lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
+}
+_KIND_WORDS = {"int": "an integer", "int_or_none": "an integer or null", "float": "a number",
+               "str": "a non-empty string", "bool": "true or false", "dict": "a mapping",
+               "int_list": "a list of integers"}
+
+
+@dataclass
+class Instance:
+    role: str
+    index: int
+    name: str
+    gpus: list[int]
+    tp_size: int
+    dp_size: int
+    attn_dp_size: int
+    ep_size: int | None
+    moe_dense_tp_size: int | None
+    enable_dp_lm_head: bool
+    port: int | None
+    bootstrap_port: int | None
+    nccl_port: int | None
+    mem_fraction_static: float
+    extra_args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.role}-{self.name}"
+
+    @property
+    def field(self) -> str:
+        return f"pdnode_{self.role}_instances[{self.index}]"
+
+    @property
+    def gpu_id_step(self) -> int:
+        return self.gpus[1] - self.gpus[0] if len(self.gpus) > 1 else 1
+
+
+def _flow(value: Any) -> str:
+    """A value as YAML flow text, for migration hints."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    return str(value)
+
+
+def check_retired(c: Any) -> None:
+    """The one-instance variables of earlier releases: one line with the replacement."""
+    found = [n for n in RETIRED_ROLE_VARIABLES if n in c.raw]
+    if not found:
+        return
+    parts = []
+    for role in ROLES:
+        keys = {RETIRED_ROLE_VARIABLES[n]: c.raw[n] for n in found if n.startswith(f"pdnode_{role}_")}
+        if keys:
+            parts.append(f"pdnode_{role}_instances: [{_flow(keys)}]")
+    c.error(found[0], c.raw[found[0]],
+            f"the one-instance variables ({', '.join(found)}) were replaced by a list of instances per role "
+            "(one spelling for one fact; docs/inventory.md)",
+            "write " + " and ".join(parts) + " and remove the old variables")
+
+
+def _typed(c: Any, where: str, key: str, entry: dict[str, Any], role: str) -> Any:
+    spec = INSTANCE_KEYS_BY_NAME[key]
+    if key not in entry or (entry[key] is None and spec.kind != "int_or_none"):
+        if spec.default is REQUIRED:
+            c.error(f"{where}.{key}", None, "is required and not set", f"set {key} ({spec.doc})")
+        return None if spec.default is REQUIRED else spec.default
+    value = entry[key]
+    if isinstance(value, str) and "{{" in value:
+        c.error(f"{where}.{key}", value, "templated values are not supported in the node description",
+                "write the literal value; the plan is computed without Ansible")
+        return None
+    if not _KIND_OK[spec.kind](value):
+        c.error(f"{where}.{key}", value, f"must be {_KIND_WORDS[spec.kind]}", f"write {key} as {_KIND_WORDS[spec.kind]}")
+        return None
+    return float(value) if spec.kind == "float" else value
+
+
+def read(c: Any, role: str, entries: Any) -> list[Instance]:
+    """Entries of one role -> instances (None fields where a value was wrong)."""
+    name = f"pdnode_{role}_instances"
+    if not isinstance(entries, list):
+        return []
+    if not entries:
+        c.error(name, entries, f"is empty: a PD node needs at least one {role} instance",
+                f"list one, e.g. {name}: [{{gpus: [0, 1, 2, 3]}}]")
+        return []
+    out: list[Instance] = []
+    for i, entry in enumerate(entries):
+        where = f"{name}[{i}]"
+        if not isinstance(entry, dict):
+            c.error(where, entry, "must be a mapping of instance keys", "write e.g. {gpus: [0, 1, 2, 3], tp_size: 4}")
+            continue
+        for key in entry:
+            spec = INSTANCE_KEYS_BY_NAME.get(key)
+            if spec is None or role not in spec.roles:
+                known = ", ".join(k.name for k in INSTANCE_KEYS if role in k.roles)
+                c.error(f"{where}.{key}", entry[key], f"is not a key of a {role} instance", f"use one of {known}")
+        got = {k.name: _typed(c, where, k.name, entry, role) for k in INSTANCE_KEYS if role in k.roles}
+        inst_name = got["name"] if got["name"] is not None else str(i)
+        if not NAME_RE.match(str(inst_name)):
+            c.error(f"{where}.name", inst_name, "must be 1-12 characters a-z 0-9 (it names the unit and its files)",
+                    "use e.g. a, b or 0")
+        out.append(Instance(
+            role=role, index=i, name=str(inst_name), gpus=got["gpus"] or [],
+            tp_size=got["tp_size"], dp_size=got["dp_size"], attn_dp_size=got["attn_dp_size"],
+            ep_size=got["ep_size"], moe_dense_tp_size=got["moe_dense_tp_size"],
+            enable_dp_lm_head=got["enable_dp_lm_head"], port=got["port"], bootstrap_port=got.get("bootstrap_port"),
+            nccl_port=got["nccl_port"], mem_fraction_static=got["mem_fraction_static"],
+            extra_args=got["extra_args"] if isinstance(got["extra_args"], dict) else {},
+        ))
+    names = [i.name for i in out]
+    for inst in out:
+        if names.count(inst.name) > 1 and names.index(inst.name) != out.index(inst):
+            c.error(f"{inst.field}.name", inst.name, f"two {role} instances are named {inst.name!r}",
+                    "give each instance its own name")
+    return out
+
+
+def check(c: Any, inst: Instance, gpu_count: Any, kind: Any, known: frozenset[str]) -> None:
+    """Every rule about one instance."""
+    f = inst.field
+    _check_sizes(c, inst)
+    _check_gpus(c, inst, gpu_count)
+    if isinstance(inst.mem_fraction_static, float) and not 0 < inst.mem_fraction_static < 1:
+        c.error(f"{f}.mem_fraction_static", inst.mem_fraction_static, "must be between 0 and 1", "use e.g. 0.85")
+    _check_moe(c, inst, kind)
+    _check_extra(c, inst, known)
+    if inst.role == "prefill" and isinstance(inst.attn_dp_size, int) and inst.attn_dp_size > 1:
+        c.warn(f"{f}.attn_dp_size", inst.attn_dp_size,
+               "DP attention on prefill makes each GPU attend one request: TTFT gets several times worse",
+               "use plain TP on prefill (attn_dp_size 1)")
+
+
+def _check_sizes(c: Any, inst: Instance) -> None:
+    f = inst.field
+    for key in ("dp_size", "attn_dp_size"):
+        value = getattr(inst, key)
+        if isinstance(value, int) and value < 1:
+            c.error(f"{f}.{key}", value, "must be at least 1", "use 1 to turn it off")
+            setattr(inst, key, None)
+    n = len(inst.gpus)
+    if inst.tp_size is None and isinstance(inst.dp_size, int) and inst.dp_size >= 1 and n:
+        if n % inst.dp_size:
+            c.error(f"{f}.dp_size", inst.dp_size, f"does not divide the instance's {n} GPUs (each replica has tp_size GPUs)",
+                    "list dp_size x tp_size GPUs")
+            return
+        inst.tp_size = n // inst.dp_size
+    tp, attn_dp = inst.tp_size, inst.attn_dp_size
+    if isinstance(tp, int) and tp < 1:
+        c.error(f"{f}.tp_size", tp, "must be at least 1", "set the number of GPUs of one replica")
+        inst.tp_size = None
+        return
+    if isinstance(tp, int) and isinstance(attn_dp, int) and tp % attn_dp:
+        good = max(d for d in range(1, tp + 1) if tp % d == 0 and d <= attn_dp)
+        c.error(f"{f}.tp_size", tp,
+                f"is not divisible by attn_dp_size={attn_dp} (SGLang asserts tp_size % attn_dp_size == 0; tp_size "
+                "counts ALL GPUs of the instance, attention-TP per DP rank is tp_size/attn_dp_size)",
+                f"keep tp_size the instance's GPU count and use an attn_dp_size that divides it (e.g. {good})")
+    if isinstance(inst.dp_size, int) and inst.dp_size > 1 and isinstance(attn_dp, int) and attn_dp > 1:
+        c.error(f"{f}.dp_size", inst.dp_size, "DP replicas and DP attention in one instance are not deployed by this "
+                "bundle (SGLang 0.5.23 treats dp_size with DP attention as the deprecated spelling)",
+                "use separate instances for replicas, or attn_dp_size alone")
+
+
+def _check_gpus(c: Any, inst: Instance, gpu_count: Any) -> None:
+    name, gpus = f"{inst.field}.gpus", inst.gpus
+    if not gpus:
+        if isinstance(gpus, list):
+            c.error(name, gpus, "is empty", f"list the physical GPU ids {inst.id} runs on")
+        return
+    if isinstance(gpu_count, int):
+        missing = [g for g in gpus if not 0 <= g < gpu_count]
+        if missing:
+            c.error(name, gpus, f"GPU ids {missing} do not exist on a host with pdnode_gpu_count={gpu_count}",
+                    f"use ids 0..{gpu_count - 1}")
+    step = gpus[1] - gpus[0] if len(gpus) > 1 else 1
+    if len(set(gpus)) != len(gpus):
+        c.error(name, gpus, "lists a GPU more than once", "list each GPU once")
+        return
+    if step < 1 or gpus != [gpus[0] + r * step for r in range(len(gpus))]:
+        c.error(name, gpus, "must be ascending and evenly spaced (SGLang places rank r on base_gpu_id + r * "
+                "gpu_id_step)", f"use e.g. {list(range(min(gpus), min(gpus) + len(gpus)))}")
+        return
+    tp, dp = inst.tp_size, inst.dp_size
+    if isinstance(tp, int) and isinstance(dp, int) and len(gpus) != tp * dp:
+        what = f"tp_size={tp}" + (f" x dp_size={dp}" if dp > 1 else "")
+        c.error(name, gpus, f"has {len(gpus)} GPUs but {inst.id} needs {what} = {tp * dp} "
+                "(with DP attention tp_size is still the instance's total GPU count)",
+                f"give {inst.id} exactly {tp * dp} GPUs, or set tp_size={len(gpus) // dp}")
+
+
+def _check_moe(c: Any, inst: Instance, kind: Any) -> None:
+    f, tp, ep, dense_tp = inst.field, inst.tp_size, inst.ep_size, inst.moe_dense_tp_size
+    a2a = inst.extra_args.get("moe_a2a_backend")
+    if isinstance(ep, int):
+        if ep < 1:
+            c.error(f"{f}.ep_size", ep, "must be at least 1", "use 1 for no expert parallelism")
+        elif kind == "dense":
+            if ep > 1:
+                c.warn(f"{f}.ep_size", ep, "has no effect on a dense model (SGLang ignores it)", "remove it")
+        elif isinstance(tp, int) and tp % ep:
+            c.error(f"{f}.ep_size", ep, f"does not divide tp_size={tp} (EP is carved out of the TP world)",
+                    f"use an ep_size that divides {tp}, e.g. {tp}")
+        elif isinstance(tp, int) and a2a not in (None, "none") and ep != tp:
+            c.error(f"{f}.ep_size", ep,
+                    f"must equal tp_size={tp} with an all-to-all MoE backend (moe_a2a_backend={a2a!r}); "
+                    "SGLang sets it so itself when ep_size is left out",
+                    f"set ep_size: {tp} or leave it out")
+    if dense_tp is not None:
+        if kind == "dense":
+            c.warn(f"{f}.moe_dense_tp_size", dense_tp, "has no effect on a dense model (SGLang ignores it)", "remove it")
+        elif isinstance(tp, int) and dense_tp not in (1, tp):
+            c.error(f"{f}.moe_dense_tp_size", dense_tp, f"must be unset, 1 or tp_size ({tp})",
+                    "use 1 (dense layers data-parallel) or leave it unset")
+    if inst.enable_dp_lm_head is True and isinstance(inst.attn_dp_size, int) and inst.attn_dp_size <= 1:
+        c.error(f"{f}.enable_dp_lm_head", True, "needs DP attention (attn_dp_size > 1)",
+                "set attn_dp_size > 1 or set this to false")
+
+
+def _check_extra(c: Any, inst: Instance, known: frozenset[str]) -> None:
+    name = f"{inst.field}.extra_args"
+    extra = inst.extra_args
+    for key, value in extra.items():
+        if key in REMOVED_SERVER_ARGS:
+            c.error(f"{name}.{key}", value, "was removed from SGLang in 2026-03 (now an unknown flag)",
+                    REMOVED_SERVER_ARGS[key])
+        elif key == "enable_dp_attention":
+            dp = extra.get("dp_size")
+            c.error(f"{name}.{key}", value,
+                    "is the deprecated DP-attention spelling (--enable-dp-attention --dp-size N; rewritten by SGLang "
+                    "to attn_dp_size=N and rejected by its YAML config)",
+                    f"remove enable_dp_attention{' and dp_size' if dp is not None else ''} from extra_args and set "
+                    f"attn_dp_size: {dp if isinstance(dp, int) else 'N'} on the instance")
+        elif key == "dp_size" and "enable_dp_attention" in extra:
+            continue  # reported with enable_dp_attention: one cause, one line
+        elif key in OWNED_SERVER_ARGS:
+            c.error(f"{name}.{key}", value, f"is set by the plan from {OWNED_SERVER_ARGS[key]}",
+                    "remove it from extra_args" + (f" and set {key} on the instance" if key in INSTANCE_KEYS_BY_NAME else ""))
+        elif key not in known:
+            close = [k for k in known if _similar(key, k)]
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            c.error(f"{name}.{key}", value, "is not a ServerArgs field of SGLang 0.5.23",
+                    f"use a field name from `python -m sglang.launch_server --help` with underscores{hint}")
+        else:
+            values.check_server_arg(c.error, name, key, value)  # type, choices, secrets
+
+
+def check_shared_gpus(c: Any, instances: list[Instance]) -> None:
+    owner: dict[int, Instance] = {}
+    for inst in instances:
+        clash = sorted({g for g in inst.gpus if g in owner})
+        if clash:
+            other = owner[clash[0]]
+            c.error(f"{inst.field}.gpus", inst.gpus, f"GPUs {clash} are also used by {other.id} ({other.field})",
+                    "give each GPU to one instance")
+        for g in inst.gpus:
+            owner.setdefault(g, inst)
+
+
+def _similar(a: str, b: str) -> bool:
+    import difflib
+    return difflib.SequenceMatcher(None, a, b).ratio() > 0.85
