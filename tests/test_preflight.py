@@ -84,7 +84,7 @@ def test_real_h200_against_the_8_gpu_plan(h200_raw):
     assert lines(problems) == [
         "ERROR gpu.count=1: the host has 1 NVIDIA GPU(s) (nvidia-smi) but the inventory expects 8 "
         "(pdnode_gpu_count); the plan uses GPU ids [1, 2, 3, 4, 5, 6, 7] that do not exist. Fix: run against the "
-        "right host, or correct pdnode_gpu_count and the prefill/decode GPU lists."]
+        "right host, or correct pdnode_gpu_count and the instances' gpus."]
 
 
 def test_wrong_model_and_branch(h200_raw):
@@ -93,6 +93,58 @@ def test_wrong_model_and_branch(h200_raw):
     assert "'580.159.04'" in problems[0].line and "pinned branch 570" in problems[0].line
     assert problems[1].line.startswith("ERROR gpu.model='NVIDIA H200': GPU model differs from "
                                        "pdnode_gpu_model='NVIDIA H100 80GB HBM3'")
+
+
+# --- GPU memory against the table pdnode check's capacity check used ---------------------------
+
+def _with_memory(raw: dict, mib: int, name: str = "NVIDIA H200") -> dict:
+    text = (H200 / "query-gpu.txt").read_text()
+    assert ", 143771 MiB," in text and "NVIDIA H200," in text  # the real capture, edited below
+    raw["query_gpu"] = ok(text.replace(", 143771 MiB,", f", {mib} MiB,").replace("NVIDIA H200,", f"{name},"))
+    return raw
+
+
+def test_real_h200_memory_matches_the_table(h200_raw):
+    facts = hf.collect(h200_raw)
+    assert facts["gpus"][0]["memory_total_mib"] == 143771
+    assert pf.judge(facts, one_gpu_expect()) == []
+
+
+def test_gpu_memory_within_two_percent_of_the_table_passes(h200_raw):
+    # 2% of 143771 MiB is 2875 MiB: 140900 is 2.0% below, 146600 2.0% above
+    for mib in (140900, 146600):
+        assert pf.judge(hf.collect(_with_memory(h200_raw, mib)), one_gpu_expect()) == [], mib
+
+
+def test_gpu_memory_below_the_table_is_an_error(h200_raw):
+    problems = pf.judge(hf.collect(_with_memory(h200_raw, 139000)), one_gpu_expect())
+    assert lines(problems) == [
+        "ERROR gpu.memory_total=139000: GPUs [0] report 139000 MiB, -3.3% from the 143771 MiB that "
+        "scripts/pdnode/data/gpu-memory.json gives 'NVIDIA H200' and that pdnode check's capacity check used. "
+        "Fix: check for ECC, MIG or a vGPU slice on the host; if 139000 MiB is the model's full memory, correct its "
+        "memory_total_mib in scripts/pdnode/data/gpu-memory.json and run pdnode check."]
+
+
+def test_gpu_memory_above_the_table_is_a_warning(h200_raw):
+    problems = pf.judge(hf.collect(_with_memory(h200_raw, 150000)), one_gpu_expect())
+    assert checks(problems) == [("warning", "gpu.memory_total")]
+    assert problems[0].line.endswith("Fix: correct memory_total_mib in scripts/pdnode/data/gpu-memory.json to 150000.")
+
+
+def test_gpu_model_missing_from_the_table_is_a_warning_with_the_hosts_value(h200_raw):
+    raw = _with_memory(h200_raw, 95830, name="NVIDIA H100 NVL")
+    problems = pf.judge(hf.collect(raw), one_gpu_expect(gpu_model="NVIDIA H100 NVL"))
+    assert lines(problems) == [
+        "WARNING gpu.memory_table='NVIDIA H100 NVL': pdnode_gpu_model is not in scripts/pdnode/data/gpu-memory.json, "
+        "so pdnode check could not judge whether the model's weights fit the GPUs. Fix: add \"NVIDIA H100 NVL\": "
+        "{\"memory_total_mib\": 95830, \"_source\": \"<where the number comes from>\"} to "
+        "scripts/pdnode/data/gpu-memory.json (docs/capacity.md)."]
+
+
+def test_gpu_memory_is_not_judged_on_gpus_of_another_model(h200_raw):
+    # the wrong model is its own error; its memory is not compared with the planned model's
+    problems = pf.judge(hf.collect(_with_memory(h200_raw, 81559, name="NVIDIA H100 80GB HBM3")), one_gpu_expect())
+    assert checks(problems) == [("error", "gpu.model")]
 
 
 def test_unsupported_os(h200_raw):
@@ -285,12 +337,25 @@ def test_expectations_from_gpu01_plan():
     assert exp["gpu_count"] == 8 and exp["gpu_model"] == "NVIDIA H200" and exp["driver_branch"] == 580
     assert exp["gpu_ids"] == list(range(8))
     assert exp["nics"]["0"] == "mlx5_0" and exp["transfer_backend"] == "mooncake"
-    assert exp["ports"]["pdnode_router_port"] == 8000
+    assert exp["ports"]["router.port"] == 8000
     assert exp["own_unit_prefix"] == "sglang-pd"
     # explicit values win; unknown names are refused
     assert pf.expectations(plan, {"gpu_count": 1, "gpu_model": None})["gpu_count"] == 1
     with pytest.raises(ValueError, match="unknown preflight expectation 'gpus'"):
         pf.expectations(plan, {"gpus": 1})
+
+
+def test_expectations_take_the_gpu_ids_from_the_engine_services():
+    """The instances plan (N prefill + M decode): GPU ids come from each engine service."""
+    plan = {"settings": {"pdnode_gpu_count": 8, "pdnode_gpu_model": "NVIDIA H200"}, "ports": {}, "services": {
+        "prefill-0": {"id": "prefill-0", "role": "prefill", "unit": "sglang-pd-prefill-0.service", "gpus": [0, 1]},
+        "prefill-1": {"id": "prefill-1", "role": "prefill", "unit": "sglang-pd-prefill-1.service", "gpus": [2, 3]},
+        "decode-0": {"id": "decode-0", "role": "decode", "unit": "sglang-pd-decode-0.service", "gpus": [4, 5, 6]},
+        "router": {"id": "router", "role": "router", "unit": "sglang-pd-router.service", "gpus": []}}}
+    exp = pf.expectations(plan)
+    assert exp["gpu_ids"] == [0, 1, 2, 3, 4, 5, 6]
+    assert exp["own_units"] == ["sglang-pd-decode-0.service", "sglang-pd-prefill-0.service",
+                                "sglang-pd-prefill-1.service", "sglang-pd-router.service"]
 
 
 def test_expectations_from_the_command_line_are_coerced():

@@ -56,7 +56,9 @@ def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None =
     exp: dict[str, Any] = {k: None for k in EXPECT_KEYS}
     if plan:
         s = plan.get("settings") or {}
-        gpus = plan.get("gpus") or {}
+        engines = [svc for svc in (plan.get("services") or {}).values()
+                   if isinstance(svc, dict) and svc.get("role") in ("prefill", "decode")]
+        gpus = {svc.get("id"): svc.get("gpus") or [] for svc in engines} or (plan.get("gpus") or {})
         nics = plan.get("nics")
         if nics is None:
             nics = s.get("pdnode_ib_devices") or {}
@@ -173,18 +175,20 @@ def _gpus(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> int | None:
         extra = f"; the plan uses GPU ids {missing} that do not exist" if missing else ""
         j.error("gpu.count", count, f"the host has {count} NVIDIA GPU(s) ({source}) but the inventory expects "
                 f"{expected} (pdnode_gpu_count){extra}",
-                "run against the right host, or correct pdnode_gpu_count and the prefill/decode GPU lists")
+                "run against the right host, or correct pdnode_gpu_count and the instances' gpus")
     elif count is not None and exp["gpu_ids"]:
         missing = [g for g in exp["gpu_ids"] if g >= count]
         if missing:
             j.error("gpu.ids", missing, f"the plan uses GPU ids that do not exist on a host with {count} GPU(s)",
-                    f"use GPU ids 0..{count - 1} in pdnode_prefill_gpus/pdnode_decode_gpus")
+                    f"use GPU ids 0..{count - 1} in the gpus of pdnode_prefill_instances/pdnode_decode_instances")
     want = exp["gpu_model"]
     if want and gpus:
         wrong = sorted({g["name"] for g in gpus if (g.get("name") or "").lower() != want.lower()})
         if wrong:
             j.error("gpu.model", ", ".join(str(w) for w in wrong), f"GPU model differs from pdnode_gpu_model={want!r}",
                     "set pdnode_gpu_model to the exact name nvidia-smi prints, or use the right host")
+    if want and gpus:
+        _gpu_memory(j, [g for g in gpus if (g.get("name") or "").lower() == want.lower()], want)
     for g in gpus:
         if g.get("mig_mode") == "Enabled":
             j.error(f"gpu{g['index']}.mig", "Enabled", "MIG is enabled: SGLang needs whole GPUs",
@@ -194,6 +198,42 @@ def _gpus(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> int | None:
         j.warn("gpu.persistence_mode", off, "persistence mode is off on these GPUs (slow first CUDA call, "
                "lost state between jobs)", "run the provision phase (nvidia_driver enables nvidia-persistenced)")
     return count if drv.get("present") and gpus else None
+
+
+# How far the host's memory.total may be from the GPU table's before the capacity check
+# that pdnode check ran with the table's value stops being trustworthy. Drivers differ by
+# well under 1% for one model (A100 80GB: 81251 MiB before R470, 81920 since).
+GPU_MEMORY_TOLERANCE = 0.02
+
+
+def _gpu_memory(j: _J, gpus: list[dict[str, Any]], model: str) -> None:
+    """The host's memory.total against data/gpu-memory.json, which pdnode check's
+    capacity check used for pdnode_gpu_model."""
+    from .capacity import GPU_TABLE, gpu_memory_mib
+
+    table_file = GPU_TABLE.relative_to(GPU_TABLE.parents[3]).as_posix()
+    seen = sorted({g["memory_total_mib"] for g in gpus if g.get("memory_total_mib")})
+    table = gpu_memory_mib(model)
+    if table is None:
+        host = seen[0] if len(seen) == 1 else "<memory.total in MiB>"
+        j.warn("gpu.memory_table", model, f"pdnode_gpu_model is not in {table_file}, so pdnode check could not "
+               "judge whether the model's weights fit the GPUs", f'add "{model}": {{"memory_total_mib": {host}, '
+               f'"_source": "<where the number comes from>"}} to {table_file} (docs/capacity.md)')
+        return
+    for mib in seen:
+        diff = (mib - table) / table
+        if abs(diff) <= GPU_MEMORY_TOLERANCE:
+            continue
+        ids = [g["index"] for g in gpus if g.get("memory_total_mib") == mib]
+        rule = (f"GPUs {ids} report {mib} MiB, {diff:+.1%} from the {table} MiB that {table_file} gives "
+                f"{model!r} and that pdnode check's capacity check used")
+        # Less memory than the table: the weights that pdnode check let through may not
+        # fit. More: the check was only stricter than it had to be.
+        if diff < 0:
+            j.error("gpu.memory_total", mib, rule, f"check for ECC, MIG or a vGPU slice on the host; if {mib} MiB is "
+                    f"the model's full memory, correct its memory_total_mib in {table_file} and run pdnode check")
+        else:
+            j.warn("gpu.memory_total", mib, rule, f"correct memory_total_mib in {table_file} to {mib}")
 
 
 def _driver(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
