@@ -18,13 +18,33 @@ Modules (one job each)
     bootstrap.py   the prefill bootstrap server (/health, PUT/GET /route, ...)
     kv.py          KV pools, Mooncake transfer engine, the P<->D control channel
     engine.py      the request pipeline per role (prefill / decode / unified)
+    scheduler.py   one scheduler rank's forward passes: prefill chunks, decode steps
     protocol.py    response bodies: /generate, OpenAI chat and completions, SSE
     http_api.py    the HTTP routes, API-key check, /sim/faults
     app.py         start-up, readiness, shutdown on SIGTERM
 
+Capacity model (scheduler.py; docs/planner.md): like SGLang, every scheduler rank (an
+attention-DP rank, or a DP replica without attention DP) runs one forward pass at a time.
+Prefill passes take waiting prompts up to chunked_prefill_size tokens (ServerArgs; default
+8192, SGLang's value for 90-160 GB GPUs; divided by attn_dp_size like SGLang; -1: no
+chunking) and last tokens x PREFILL_MS_PER_TOKEN / (GPUs of the rank): prefill scales
+linearly with tensor parallelism. A decode step makes one token for each running request
+of the rank and lasts DECODE_MS_PER_TOKEN + DECODE_MS_PER_REQUEST x (batch - 1),
+whatever the rank's GPU count. A rank runs at most max_running_requests // attn_dp_size
+requests (SGLang's split), or PDNODE_SIM_MAX_RUNNING_PER_RANK when max_running_requests
+is unset (real SGLang derives it from the rank's KV memory, which the stand-in lacks);
+the rest wait in sglang:num_queue_reqs. Unified (non-PD) ranks run waiting prefills
+before the next decode step.
+
 Simulation knobs (environment variables; invalid values stop the start with exit code 2)
-    PDNODE_SIM_PREFILL_MS_PER_TOKEN  prefill compute per prompt token, ms (default 0.1)
-    PDNODE_SIM_DECODE_MS_PER_TOKEN   decode time per output token, ms (default 20)
+    PDNODE_SIM_PREFILL_MS_PER_TOKEN  prefill compute per prompt token on ONE GPU, ms; a
+                                     rank of g GPUs takes 1/g of it (default 0.1)
+    PDNODE_SIM_DECODE_MS_PER_TOKEN   decode step of a rank running one request, ms: the
+                                     inter-token latency of a lone request (default 20)
+    PDNODE_SIM_DECODE_MS_PER_REQUEST what each further running request of the rank adds
+                                     to a decode step, ms (default 0.5)
+    PDNODE_SIM_MAX_RUNNING_PER_RANK  decode batch limit of one rank when ServerArgs
+                                     max_running_requests is unset (default 256)
     PDNODE_SIM_STARTUP_S             seconds of simulated model loading before /health
                                      turns 200 (and, on prefill, before the ranks register
                                      with the bootstrap server) (default 0)

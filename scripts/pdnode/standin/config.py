@@ -21,6 +21,9 @@ from ..secrets import SecretError, read_secret_file
 TRANSFER_BACKENDS = ("mooncake", "mooncake_tcp")
 REDACTED_FIELDS = ("ssl_keyfile_password", "watermark_key", "watermark_key_b")  # never in /server_info
 MODES = ("null", "prefill", "decode")
+# SGLang 0.5.23's chunked_prefill_size for GPUs of 90-160 GB (H200 class); its
+# _handle_gpu_memory_settings picks 2048 / 4096 / 8192 / 16384 by GPU memory.
+DEFAULT_CHUNKED_PREFILL_SIZE = 8192
 
 
 class ConfigError(Exception):
@@ -44,7 +47,8 @@ class ServerSettings:
     base_gpu_id: int
     enable_metrics: bool
     context_length: int
-    max_running_requests: int
+    max_running_requests: int | None  # instance total as given; None: the stand-in's default
+    chunked_prefill_size: int | None  # per scheduler rank (divided by attn_dp_size); None: unchunked
     page_size: int
     kv_cache_dtype: str
     load_balance_method: str
@@ -54,6 +58,16 @@ class ServerSettings:
     @property
     def attn_tp_size(self) -> int:
         return self.tp_size // self.attn_dp_size
+
+    @property
+    def num_ranks(self) -> int:
+        """Schedulers of the instance: attention-DP ranks, else DP replicas."""
+        return self.attn_dp_size if self.attn_dp_size > 1 else self.dp_size
+
+    @property
+    def rank_gpus(self) -> int:
+        """GPUs one scheduler rank computes on (attention-TP, or TP of a replica)."""
+        return self.tp_size // self.attn_dp_size if self.attn_dp_size > 1 else self.tp_size
 
     @property
     def engine_type(self) -> str:
@@ -71,6 +85,8 @@ class ServerSettings:
 class SimSettings:
     prefill_ms_per_token: float = 0.1
     decode_ms_per_token: float = 20.0
+    decode_ms_per_request: float = 0.5
+    max_running_per_rank: int = 256
     startup_s: float = 0.0
     kv_bytes_per_token: int = 16384
     kv_pool_mb: int = 256
@@ -193,6 +209,14 @@ def server_settings_from_dict(args: Mapping[str, Any], api_key: str | None = Non
     if lbm == "auto":
         lbm = "follow_bootstrap_room" if mode == "prefill" else "round_robin"
     page_size = _int(args, "page_size", 1, 1) or 1
+    chunk = _int(args, "chunked_prefill_size", DEFAULT_CHUNKED_PREFILL_SIZE)
+    if chunk == 0 or chunk < -1:
+        raise ConfigError(f"ServerArgs field chunked_prefill_size={chunk}: a positive token count, or -1 (no chunking)")
+    if chunk > 0 and attn_dp > 1:
+        chunk = max(chunk // attn_dp, 1)  # SGLang divides the chunk among the attention-DP ranks
+    mrr = args.get("max_running_requests")
+    if mrr is not None:
+        mrr = _int(args, "max_running_requests", 1, 1)
     resolved: dict[str, Any] = dict(args)
     resolved.update(
         host=host, port=port, model_path=model_path, served_model_name=served,
@@ -202,7 +226,7 @@ def server_settings_from_dict(args: Mapping[str, Any], api_key: str | None = Non
         attn_dp_size=attn_dp, enable_dp_attention=attn_dp > 1, ep_size=ep, pp_size=pp,
         base_gpu_id=_int(args, "base_gpu_id", 0, 0), gpu_id_step=_int(args, "gpu_id_step", 1, 1),
         enable_metrics=bool(args.get("enable_metrics", False)), context_length=context_length,
-        load_balance_method=lbm, page_size=page_size,
+        load_balance_method=lbm, page_size=page_size, chunked_prefill_size=chunk,
         kv_cache_dtype=_str(args, "kv_cache_dtype", "auto") or "auto",
         load_format=_str(args, "load_format", "auto") or "auto",
     )
@@ -227,7 +251,8 @@ def server_settings_from_dict(args: Mapping[str, Any], api_key: str | None = Non
         base_gpu_id=resolved["base_gpu_id"],
         enable_metrics=resolved["enable_metrics"],
         context_length=context_length,
-        max_running_requests=_int(args, "max_running_requests", 256, 1) or 256,
+        max_running_requests=mrr,
+        chunked_prefill_size=chunk if chunk > 0 else None,
         page_size=page_size,
         kv_cache_dtype=resolved["kv_cache_dtype"],
         load_balance_method=lbm,
@@ -272,6 +297,8 @@ def load_sim_settings(env: Mapping[str, str] | None = None) -> SimSettings:
     sim = SimSettings(
         prefill_ms_per_token=_env_float(env, "PDNODE_SIM_PREFILL_MS_PER_TOKEN", 0.1),
         decode_ms_per_token=_env_float(env, "PDNODE_SIM_DECODE_MS_PER_TOKEN", 20.0),
+        decode_ms_per_request=_env_float(env, "PDNODE_SIM_DECODE_MS_PER_REQUEST", 0.5),
+        max_running_per_rank=_env_int(env, "PDNODE_SIM_MAX_RUNNING_PER_RANK", 256, 1),
         startup_s=_env_float(env, "PDNODE_SIM_STARTUP_S", 0.0),
         kv_bytes_per_token=_env_int(env, "PDNODE_SIM_KV_BYTES_PER_TOKEN", 16384, 1),
         kv_pool_mb=_env_int(env, "PDNODE_SIM_KV_POOL_MB", 256, 1),

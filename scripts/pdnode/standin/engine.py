@@ -1,14 +1,16 @@
 """The request pipeline of one role, with SGLang's queues, timings and failure messages.
 
 prefill: bootstrap queue (wait for decode's transfer info of this bootstrap_room) ->
-         waiting queue (a running slot and KV pool space) -> forward (prompt_tokens x
-         PREFILL_MS_PER_TOKEN) -> inflight queue (Mooncake write to decode, status) ->
+         waiting queue (a running slot and KV pool space) -> forward (the rank's
+         prefill passes, scheduler.py) -> inflight queue (Mooncake write to decode, status) ->
          answers with the first token, finish_reason length(0), like a real prefill.
 decode:  prealloc queue (bootstrap: prefill info and rank endpoint; KV pool space; send
          transfer info) -> transfer queue (wait for the KV, up to
-         SGLANG_DISAGGREGATION_WAITING_TIMEOUT) -> running (one token per
-         DECODE_MS_PER_TOKEN; the first one comes with the KV).
-unified: waiting queue -> forward -> running (disaggregation_mode null).
+         SGLANG_DISAGGREGATION_WAITING_TIMEOUT) -> the rank's queue while its batch is full
+         -> running (one token per decode step of the rank, scheduler.py; the first one
+         comes with the KV).
+unified: waiting queue -> forward -> running (disaggregation_mode null), both on the
+         rank's one scheduler.
 Counters follow SGLang: both sides count prompt tokens and requests when a request
 finishes; prefill counts one generated token per request (the token its forward pass
 produced), decode counts them all; TTFT and ITL are observed only where tokens stream
@@ -30,6 +32,7 @@ from .config import Settings
 from .faults import Faults
 from .kv import BootstrapError, DecodeKV, KVError, PrefillKV, TransferInfo
 from .metrics import Metrics
+from .scheduler import DecodeSlot, RankModel, RankScheduler
 
 log = logging.getLogger("standin.engine")
 
@@ -92,7 +95,21 @@ class Engine:
         self.mode = self.server.mode
         self.ranks = [_Rank() for _ in metrics.ranks]
         self._rr = itertools.cycle(range(len(self.ranks)))
-        self._slots = asyncio.Semaphore(self.server.max_running_requests)
+        # SGLang splits max_running_requests over the attention-DP ranks; unset, the
+        # stand-in's per-rank default stands for what a rank's KV memory would hold.
+        srv = self.server
+        per_rank = (max(1, srv.max_running_requests // srv.attn_dp_size) if srv.max_running_requests
+                    else self.sim.max_running_per_rank)
+        self.rank_model = RankModel(
+            prefill_s_per_token=self.sim.prefill_ms_per_token / 1000.0 / srv.rank_gpus,
+            chunk_tokens=srv.chunked_prefill_size,
+            step_base_s=self.sim.decode_ms_per_token / 1000.0,
+            step_per_request_s=self.sim.decode_ms_per_request / 1000.0,
+            max_running=per_rank,
+        )
+        self.schedulers = [RankScheduler(self.rank_model, lambda: self.faults.latency_factor)
+                           for _ in self.ranks]
+        self._slots = asyncio.Semaphore(srv.max_running_requests or per_rank * len(self.ranks))
         self.status = "Starting"  # Starting | Up | Exiting
         self.last_gen_throughput = [0.0] * len(self.ranks)
         self._used_tokens = 0
@@ -243,7 +260,7 @@ class Engine:
                 rank.running += 1
                 self._gauges(r)
                 try:
-                    await asyncio.sleep(self._sleep_s(req.prompt_tokens * self.sim.prefill_ms_per_token))
+                    await self.schedulers[r].prefill(req.prompt_tokens)
                     kv.pool.stamp(offset, nbytes, room)
                 finally:
                     rank.running -= 1
@@ -381,15 +398,15 @@ class Engine:
             finally:
                 rank.pd_queue_b -= 1
                 kv.forget(room)
-            # running: generate
-            rank.running += 1
-            self._gauges(r)
+            # running: generate (after waiting in the rank's queue while its batch is full)
+            slot = await self._join(r, len(completion.words))
             try:
-                async for ev in self._emit(req, completion, t0, r):
+                async for ev in self._emit(req, completion, t0, r, slot):
                     self._used_tokens += 1
                     reserved += 1
                     yield ev
             finally:
+                self.schedulers[r].leave(slot)
                 rank.running -= 1
         finally:
             kv.forget(room)
@@ -422,28 +439,48 @@ class Engine:
             await self._slots.acquire()
         finally:
             rank.queue -= 1
+        self._used_tokens += req.prompt_tokens
         try:
             self.metrics.observe_queue_time(r, time.monotonic() - t0)
-            self._used_tokens += req.prompt_tokens
             rank.running += 1
             self._gauges(r)
             try:
-                await asyncio.sleep(self._sleep_s(req.prompt_tokens * self.sim.prefill_ms_per_token))
-                async for ev in self._emit(req, completion, t0, r):
-                    yield ev
+                await self.schedulers[r].prefill(req.prompt_tokens)
             finally:
                 rank.running -= 1
-                self._used_tokens -= req.prompt_tokens
+            slot = await self._join(r, len(completion.words))
+            try:
+                async for ev in self._emit(req, completion, t0, r, slot):
+                    yield ev
+            finally:
+                self.schedulers[r].leave(slot)
+                rank.running -= 1
         finally:
+            self._used_tokens -= req.prompt_tokens
             self._slots.release()
             self._gauges(r)
 
-    async def _emit(self, req: GenRequest, completion: model.Completion, t0: float, r: int) -> AsyncIterator[TokenEvent]:
+    async def _join(self, r: int, words: int) -> DecodeSlot:
+        """A place in rank r's decode batch (counted in num_queue_reqs while it waits);
+        returns counted in num_running_reqs."""
+        rank = self.ranks[r]
+        rank.queue += 1
+        self._gauges(r)
+        try:
+            slot = await self.schedulers[r].join(max(words - 1, 0))
+        finally:
+            rank.queue -= 1
+        rank.running += 1
+        self._gauges(r)
+        return slot
+
+    async def _emit(self, req: GenRequest, completion: model.Completion, t0: float, r: int,
+                    slot: DecodeSlot) -> AsyncIterator[TokenEvent]:
         n = len(completion.words)
         last = time.monotonic()
         for i in range(n):
             if i:
-                await asyncio.sleep(self._sleep_s(self.sim.decode_ms_per_token))
+                await slot.tokens.get()  # the rank's next decode step
             now = time.monotonic()
             if i == 0:
                 self.metrics.observe_ttft(now - t0, req.stream)

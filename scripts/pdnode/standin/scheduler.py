@@ -1,0 +1,163 @@
+"""The forward-pass model of one scheduler rank: where layout turns into throughput.
+
+SGLang runs one scheduler per DP rank (an attention-DP rank, or a DP replica without
+attention DP); each scheduler runs one forward pass at a time over a batch. This module
+models exactly that, so a stand-in's throughput depends on its ServerArgs the way a real
+engine's does:
+
+prefill  A forward pass takes the waiting prompts in arrival order, up to
+         `chunk_tokens` tokens (SGLang's chunked_prefill_size, already divided by
+         attn_dp_size; a longer prompt continues in the next pass), and lasts
+         tokens x prefill_s_per_token, where prefill_s_per_token is the per-GPU cost
+         divided by the rank's GPUs (linear tensor parallelism). A prompt is done when
+         the pass that holds its last token ends.
+decode   One step produces one token for every running request of the rank and lasts
+         step_base_s + step_per_request_s x (batch - 1): a lone request sees
+         step_base_s between its tokens. At most `max_running` requests run; the rest
+         wait in the rank's queue (sglang:num_queue_reqs) and join at a step boundary.
+         A request's first token (made by the prefill) is emitted when it joins.
+unified  Both on one rank, prefill first (SGLang runs a waiting prefill batch before the
+         next decode step), so prompts stall the running requests.
+
+Time is asyncio sleep; every duration is multiplied by `factor()` (the `slow` fault).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Prompt:
+    remaining: int
+    done: asyncio.Future[None]
+
+
+@dataclass
+class DecodeSlot:
+    """A request's place in a rank's decode batch; `tokens` counts steps it may emit."""
+
+    remaining: int  # tokens still to produce by decode steps
+    joined: asyncio.Future[None]
+    tokens: asyncio.Queue[None] = field(default_factory=asyncio.Queue)
+
+
+@dataclass(frozen=True)
+class RankModel:
+    prefill_s_per_token: float  # per prompt token on this rank (per-GPU cost / rank GPUs)
+    chunk_tokens: int | None  # None: a whole batch of prompts in one pass
+    step_base_s: float
+    step_per_request_s: float
+    max_running: int
+
+    def step_s(self, batch: int) -> float:
+        return self.step_base_s + self.step_per_request_s * max(batch - 1, 0)
+
+
+class RankScheduler:
+    def __init__(self, model: RankModel, factor: Callable[[], float]) -> None:
+        self.model = model
+        self._factor = factor
+        self._prompts: collections.deque[_Prompt] = collections.deque()
+        self._waiting: collections.deque[DecodeSlot] = collections.deque()
+        self._running: list[DecodeSlot] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    def _kick(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._wake.set()
+
+    async def prefill(self, tokens: int) -> None:
+        """Return when the prompt's last token has been through a forward pass."""
+        prompt = _Prompt(max(tokens, 1), asyncio.get_running_loop().create_future())
+        self._prompts.append(prompt)
+        self._kick()
+        try:
+            await asyncio.shield(prompt.done)
+        except asyncio.CancelledError:
+            if prompt in self._prompts:
+                self._prompts.remove(prompt)
+            raise
+
+    async def join(self, tokens: int) -> DecodeSlot:
+        """Wait for a running slot (queued while the batch is full); the slot then
+        receives one item in `tokens` per step, `tokens` steps in all."""
+        slot = DecodeSlot(remaining=max(tokens, 0), joined=asyncio.get_running_loop().create_future())
+        self._waiting.append(slot)
+        self._kick()
+        try:
+            await asyncio.shield(slot.joined)
+        except asyncio.CancelledError:
+            self.leave(slot)
+            raise
+        return slot
+
+    def leave(self, slot: DecodeSlot) -> None:
+        if slot in self._waiting:
+            self._waiting.remove(slot)
+        if slot in self._running:
+            self._running.remove(slot)
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.model.max_running:
+            slot = self._waiting.popleft()
+            if not slot.joined.done():
+                slot.joined.set_result(None)
+            if slot.remaining > 0:
+                self._running.append(slot)
+
+    async def _loop(self) -> None:
+        while True:
+            self._admit()
+            if self._prompts:
+                await self._prefill_pass()
+                continue
+            if self._running:
+                await self._decode_step()
+                continue
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _prefill_pass(self) -> None:
+        budget = self.model.chunk_tokens
+        batch: list[tuple[_Prompt, int]] = []
+        for prompt in self._prompts:
+            take = prompt.remaining if budget is None else min(prompt.remaining, budget)
+            if take <= 0:
+                break
+            batch.append((prompt, take))
+            if budget is not None:
+                budget -= take
+        tokens = sum(take for _, take in batch)
+        await asyncio.sleep(tokens * self.model.prefill_s_per_token * self._factor())
+        for prompt, take in batch:
+            prompt.remaining -= take
+            if prompt.remaining <= 0:
+                if prompt in self._prompts:
+                    self._prompts.remove(prompt)
+                if not prompt.done.done():
+                    prompt.done.set_result(None)
+
+    async def _decode_step(self) -> None:
+        batch = list(self._running)
+        await asyncio.sleep(self.model.step_s(len(batch)) * self._factor())
+        for slot in batch:
+            if slot not in self._running:
+                continue  # left during the step (client gone)
+            slot.remaining -= 1
+            slot.tokens.put_nowait(None)
+            if slot.remaining <= 0:
+                self._running.remove(slot)
