@@ -60,6 +60,8 @@ def test_query_gpu_real_headers_match_the_fields(capture):
     (lambda h: h.replace("compute_mode", "compute_policy"), "compute_cap, compute_policy'"),
     # a column dropped (rows one cell short)
     (lambda h: h.replace(", persistence_mode", ""), "memory.total, compute_cap"),
+    # memory.total dropped: the capacity comparison must not read another column as MiB
+    (lambda h: h.replace(", memory.total [MiB]", ""), "driver_version, persistence_mode"),
 ])
 def test_query_gpu_header_that_differs_is_refused_in_one_line(mutate, got):
     head, rows = text(H200 / "query-gpu.txt").split("\n", 1)

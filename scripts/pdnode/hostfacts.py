@@ -20,7 +20,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 # The --query-gpu fields the preflight asks for, in this order (keep in sync with
 # roles/preflight/vars/main.yml, which tests/test_hostfacts.py checks, and
-# tests/fixtures/nvidia-smi/capture.sh).
+# tests/fixtures/nvidia-smi/capture.sh). memory.total is what the preflight holds
+# against data/gpu-memory.json, the table pdnode check's capacity check uses.
 QUERY_GPU_FIELDS = (
     "index", "name", "uuid", "pci.bus_id", "driver_version", "memory.total",
     "persistence_mode", "compute_cap", "compute_mode",
