@@ -141,10 +141,12 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:
     `pdnode check` stays fast: it never loads the verifier's HTTP and metrics code)."""
     from . import collect, placement
     from .verify import cli as verify_cli
+    from . import planner
 
     verify_cli.register(sub)
     placement.register(sub)
     collect.register(sub)
+    planner.register(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
