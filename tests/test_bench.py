@@ -332,6 +332,15 @@ def test_json_report_has_the_schema_the_planner_reads() -> None:
     assert rep["notes"] == []
 
 
+def test_the_planner_reads_the_report() -> None:
+    # the consumer of --json (pdnode plan --measurements) takes it as it is
+    from pdnode.planner_model import run_from_bench
+
+    run = run_from_bench(json.loads(bench_report.to_json(_report())), "bench.json")
+    assert run.request_s == 4.0 and run.ttft_s == 0.04 and run.itl_s == 0.004
+    assert (run.workload.input_len, run.workload.output_len, run.workload.concurrency) == (512, 64, 8)
+
+
 def test_table_shows_the_numbers_for_people() -> None:
     text = bench_report.to_table(_report())
     assert "10 requests, concurrency 8, input 512 / output 64 tokens (fixed)" in text

@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _register_optional(sub: argparse._SubParsersAction) -> None:
     """Subcommands that live in their own modules (imported here, not at the top, so that
     `pdnode check` stays fast: it never loads the verifier's HTTP and metrics code)."""
-    from . import collect, placement
+    from . import bench, collect, placement
     from .verify import cli as verify_cli
     from . import planner
 
@@ -147,6 +147,7 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:
     placement.register(sub)
     collect.register(sub)
     planner.register(sub)
+    bench.register(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
