@@ -1,101 +1,159 @@
 """Every rule of the plan core, with the exact line a user sees.
 
 Each case starts from inventories/gpu01 (which must be valid), changes a few variables
-(None removes one) and lists every problem the plan reports, in order.
+or instance keys (tests/planvars.py: ``"decode[0]": {...}`` patches an instance entry,
+None removes a key) and lists every problem the plan reports, in order.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from planvars import ROOT, changed, engine_args, variables
 
-from pdnode.inventory import load_inventory
 from pdnode.plan import PlanError, build_plan
 
-ROOT = Path(__file__).resolve().parents[1]
 GPU01 = ROOT / "inventories" / "gpu01"
 
 
 @pytest.fixture(scope="module")
 def gpu01_vars():
-    return load_inventory(GPU01).variables
-
-
-def _apply(base, changes):
-    v = copy.deepcopy(base)
-    for key, value in changes.items():
-        if value is None:
-            v.pop(key, None)
-        else:
-            v[key] = value
-    return v
+    return variables("gpu01")
 
 
 CASES = [
     pytest.param(
-        {'pdnode_decode_tp_size': 1, 'pdnode_decode_attn_dp_size': 4, 'pdnode_decode_ep_size': 1},
-        ["pdnode_decode_gpus=[4, 5, 6, 7]: has 4 GPUs but pdnode_decode_tp_size=1 (with DP attention tp_size is still the instance's total GPU count). Fix: give decode exactly tp_size GPUs, or set pdnode_decode_tp_size=4.", "pdnode_decode_tp_size=1: is not divisible by the attention-DP size pdnode_decode_attn_dp_size=4 (SGLang asserts tp_size % attn_dp_size == 0; tp_size counts ALL GPUs of the instance, attention-TP per DP rank is tp_size/attn_dp_size). Fix: set pdnode_decode_tp_size to the instance's GPU count and pdnode_decode_attn_dp_size to a divisor of it (e.g. tp_size=4 with attn_dp_size=4)."],
+        {'decode[0]': {'tp_size': 1, 'ep_size': 1}},
+        ["pdnode_decode_instances[0].tp_size=1: is not divisible by attn_dp_size=4 (SGLang asserts tp_size % attn_dp_size == 0; tp_size counts ALL GPUs of the instance, attention-TP per DP rank is tp_size/attn_dp_size). Fix: set tp_size: 4 (the instance's GPU count; attention-TP per DP rank is then 1)."],
         id='article_decode',
     ),
     pytest.param(
-        {'pdnode_decode_attn_dp_size': 3},
-        ["pdnode_decode_tp_size=4: is not divisible by the attention-DP size pdnode_decode_attn_dp_size=3 (SGLang asserts tp_size % attn_dp_size == 0; tp_size counts ALL GPUs of the instance, attention-TP per DP rank is tp_size/attn_dp_size). Fix: set pdnode_decode_tp_size to the instance's GPU count and pdnode_decode_attn_dp_size to a divisor of it (e.g. tp_size=4 with attn_dp_size=4)."],
+        {'decode[0]': {'attn_dp_size': 3}},
+        ['pdnode_decode_instances[0].tp_size=4: is not divisible by attn_dp_size=3 (SGLang asserts tp_size % attn_dp_size == 0; tp_size counts ALL GPUs of the instance, attention-TP per DP rank is tp_size/attn_dp_size). Fix: use an attn_dp_size that divides 4 (e.g. 2).'],
         id='tp_not_div',
     ),
     pytest.param(
-        {'pdnode_decode_ep_size': 3},
-        ['pdnode_decode_ep_size=3: does not divide pdnode_decode_tp_size=4 (EP is carved out of the TP world). Fix: use an ep_size that divides 4, e.g. 4.'],
+        {'prefill[0]': {'tp_size': None, 'dp_size': 3}},
+        ["pdnode_prefill_instances[0].dp_size=3: does not divide the instance's 4 GPUs (each replica has tp_size GPUs). Fix: list dp_size x tp_size GPUs."],
+        id='dp_not_div',
+    ),
+    pytest.param(
+        {'decode[0]': {'dp_size': 2}},
+        ['pdnode_decode_instances[0].dp_size=2: DP replicas cannot be combined with DP attention (attn_dp_size=4); SGLang 0.5.23 refuses --dp-size with --attn-dp-size. Fix: remove dp_size and list each replica as an instance of its own, or remove attn_dp_size.'],
+        id='dp_with_attn_dp',
+    ),
+    pytest.param(
+        {'prefill[0]': {'tp_size': 2, 'dp_size': 2, 'nccl_port': 31000}},
+        ["pdnode_prefill_instances[0].nccl_port=31000: cannot be pinned with dp_size=2: every DP replica would bind this one port (SGLang's data-parallel controller). Fix: remove nccl_port from this instance; SGLang picks a free port per replica."],
+        id='dp_nccl_pinned',
+    ),
+    pytest.param(
+        {'decode[0]': {'attn_dp_size': 0}},
+        ['pdnode_decode_instances[0].attn_dp_size=0: must be at least 1. Fix: use 1 to turn it off.'],
+        id='size_zero',
+    ),
+    pytest.param(
+        {'prefill[0]': {'tp_size': 0}},
+        ['pdnode_prefill_instances[0].tp_size=0: must be at least 1. Fix: set the number of GPUs of one replica.'],
+        id='tp_zero',
+    ),
+    pytest.param(
+        {'decode[0]': {'ep_size': 3}},
+        ['pdnode_decode_instances[0].ep_size=3: does not divide tp_size=4 (EP is carved out of the TP world). Fix: use an ep_size that divides 4, e.g. 4.'],
         id='ep_not_div',
     ),
     pytest.param(
-        {'pdnode_model_kind': 'dense', 'pdnode_decode_moe_dense_tp_size': None},
-        ["pdnode_decode_ep_size=4: expert parallelism needs a MoE model but pdnode_model_kind='dense'. Fix: set pdnode_decode_ep_size: 1 for a dense model."],
-        id='ep_dense',
+        {'decode[0]': {'ep_size': 0}},
+        ['pdnode_decode_instances[0].ep_size=0: must be at least 1. Fix: use 1 for no expert parallelism.'],
+        id='ep_zero',
     ),
     pytest.param(
-        {'pdnode_decode_moe_dense_tp_size': 2},
-        ['pdnode_decode_moe_dense_tp_size=2: must be unset, 1 or tp_size (4). Fix: use 1 (dense layers data-parallel) or leave it unset.'],
+        {'decode[0]': {'moe_dense_tp_size': 2}},
+        ['pdnode_decode_instances[0].moe_dense_tp_size=2: must be unset, 1 or tp_size (4). Fix: use 1 (dense layers data-parallel) or leave it unset.'],
         id='dense_tp_2',
     ),
     pytest.param(
-        {'pdnode_decode_attn_dp_size': 1},
-        ['pdnode_decode_enable_dp_lm_head=True: needs DP attention (pdnode_decode_attn_dp_size > 1). Fix: set pdnode_decode_attn_dp_size > 1 or set this to false.'],
+        {'decode[0]': {'attn_dp_size': 1}},
+        ['pdnode_decode_instances[0].enable_dp_lm_head=True: needs DP attention (attn_dp_size > 1). Fix: set attn_dp_size > 1 or set this to false.'],
         id='lm_head_no_dp',
     ),
     pytest.param(
-        {'pdnode_decode_ep_size': 2, 'pdnode_decode_extra_args': {'moe_a2a_backend': 'deepep'}},
-        ["pdnode_decode_ep_size=2: must equal tp_size=4 with an all-to-all MoE backend (moe_a2a_backend='deepep'). Fix: set pdnode_decode_ep_size: 4."],
+        {'decode[0]': {'ep_size': 2, 'extra_args': {'moe_a2a_backend': 'deepep'}}},
+        ["pdnode_decode_instances[0].ep_size=2: must equal tp_size=4 with moe_a2a_backend='deepep': SGLang 0.5.23 replaces any other ep_size with tp_size for this backend, so 2 would not take effect. Fix: leave ep_size out (SGLang sets it to tp_size) or set ep_size: 4."],
         id='a2a',
     ),
     pytest.param(
-        {'pdnode_decode_gpus': [6, 7, 8, 9]},
-        ['pdnode_decode_gpus=[6, 7, 8, 9]: GPU ids [8, 9] do not exist on a host with pdnode_gpu_count=8. Fix: use ids 0..7.', "pdnode_ib_devices={0: 'mlx5_0', 1: 'mlx5_1', 2: 'mlx5_2', 3: 'mlx5_3', 4: 'mlx5_4', 5: 'mlx5_5', 6: 'mlx5_6', 7: 'mlx5_7'}: has no device for GPUs [8, 9] used by prefill/decode (SGLang raises 'No IB devices configured for GPU n'). Fix: map every GPU of prefill and decode to its closest NIC (see `nvidia-smi topo -m`)."],
+        {'decode[0]': {'gpus': [6, 7, 8, 9]}},
+        ['pdnode_decode_instances[0].gpus=[6, 7, 8, 9]: GPU ids [8, 9] do not exist on a host with pdnode_gpu_count=8. Fix: use ids 0..7.', "pdnode_ib_devices={0: 'mlx5_0', 1: 'mlx5_1', 2: 'mlx5_2', 3: 'mlx5_3', 4: 'mlx5_4', 5: 'mlx5_5', 6: 'mlx5_6', 7: 'mlx5_7'}: has no device for GPUs [8, 9] used by the engine instances (SGLang raises 'No IB devices configured for GPU n'). Fix: map every GPU of prefill and decode to its closest NIC (see `nvidia-smi topo -m`)."],
         id='gpu_missing',
     ),
     pytest.param(
-        {'pdnode_decode_gpus': [3, 4, 5, 6]},
-        ['pdnode_decode_gpus=[3, 4, 5, 6]: GPUs [3] are also in pdnode_prefill_gpus. Fix: give each GPU to one role.'],
+        {'decode[0]': {'gpus': [3, 4, 5, 6]}},
+        ['pdnode_decode_instances[0].gpus=[3, 4, 5, 6]: GPUs [3] are also used by prefill-0 (pdnode_prefill_instances[0]). Fix: give each GPU to one instance.'],
         id='gpu_twice',
     ),
     pytest.param(
-        {'pdnode_prefill_gpus': [0, 0, 1, 2]},
-        ['pdnode_prefill_gpus=[0, 0, 1, 2]: lists a GPU more than once. Fix: list each GPU once.'],
+        {'prefill[0]': {'gpus': [0, 0, 1, 2]}},
+        ['pdnode_prefill_instances[0].gpus=[0, 0, 1, 2]: lists a GPU more than once. Fix: list each GPU once.'],
         id='gpu_dup',
     ),
     pytest.param(
-        {'pdnode_prefill_gpus': [0, 2, 1, 3]},
-        ['pdnode_prefill_gpus=[0, 2, 1, 3]: must be contiguous and ascending (SGLang places rank r on base_gpu_id + r). Fix: use a range such as [0, 1, 2, 3].'],
-        id='gpu_noncontig',
+        {'prefill[0]': {'gpus': [0, 2, 1, 3]}},
+        ['pdnode_prefill_instances[0].gpus=[0, 2, 1, 3]: must be ascending and evenly spaced (SGLang places rank r on base_gpu_id + r * gpu_id_step). Fix: use e.g. [0, 1, 2, 3].'],
+        id='gpu_uneven',
     ),
     pytest.param(
-        {'pdnode_prefill_gpus': [0, 1]},
-        ["pdnode_prefill_gpus=[0, 1]: has 2 GPUs but pdnode_prefill_tp_size=4 (with DP attention tp_size is still the instance's total GPU count). Fix: give prefill exactly tp_size GPUs, or set pdnode_prefill_tp_size=2."],
+        {'prefill[0]': {'gpus': [0, 1]}},
+        ['pdnode_prefill_instances[0].gpus=[0, 1]: has 2 GPUs but prefill-0 runs on tp_size=4 GPUs. Fix: list 4 GPUs for prefill-0, or set tp_size: 2.'],
         id='gpu_count',
+    ),
+    pytest.param(
+        {'prefill[0]': {'gpus': []}},
+        ['pdnode_prefill_instances[0].gpus=[]: is empty. Fix: list the physical GPU ids prefill-0 runs on.'],
+        id='gpu_empty',
+    ),
+    pytest.param(
+        {'prefill[0]': {'gpus': None}},
+        ["pdnode_prefill_instances[0].gpus=None: is required and not set. Fix: set gpus (physical GPU ids, evenly spaced (the spacing is SGLang's gpu_id_step); tp_size x dp_size of them)."],
+        id='gpus_required',
+    ),
+    pytest.param(
+        {'pdnode_decode_instances': []},
+        ['pdnode_decode_instances=[]: is empty: a PD node needs at least one decode instance. Fix: list one, e.g. pdnode_decode_instances: [{gpus: [0, 1, 2, 3]}].'],
+        id='instances_empty',
+    ),
+    pytest.param(
+        {'pdnode_prefill_instances': ['0-3']},
+        ["pdnode_prefill_instances[0]='0-3': must be a mapping of instance keys. Fix: write e.g. {gpus: [0, 1, 2, 3], tp_size: 4}."],
+        id='instance_not_mapping',
+    ),
+    pytest.param(
+        {'pdnode_prefill_instances': {'gpus': [0, 1, 2, 3]}},
+        ["pdnode_prefill_instances={'gpus': [0, 1, 2, 3]}: must be a list of instance mappings. Fix: write pdnode_prefill_instances as a list of instance mappings (prefill instances of the host, each a mapping of INSTANCE_KEYS (below))."],
+        id='instances_not_list',
+    ),
+    pytest.param(
+        {'prefill[0]': {'gpu': [0]}},
+        ['pdnode_prefill_instances[0].gpu=[0]: is not a key of a prefill instance. Fix: use one of name, gpus, tp_size, dp_size, attn_dp_size, ep_size, moe_dense_tp_size, enable_dp_lm_head, port, bootstrap_port, nccl_port, mem_fraction_static, extra_args.'],
+        id='instance_key_unknown',
+    ),
+    pytest.param(
+        {'decode[0]': {'bootstrap_port': 9000}},
+        ['pdnode_decode_instances[0].bootstrap_port=9000: is not a key of a decode instance. Fix: use one of name, gpus, tp_size, dp_size, attn_dp_size, ep_size, moe_dense_tp_size, enable_dp_lm_head, port, nccl_port, mem_fraction_static, extra_args.'],
+        id='bootstrap_on_decode',
+    ),
+    pytest.param(
+        {'prefill[0]': {'name': 'Prefill_A'}},
+        ["pdnode_prefill_instances[0].name='Prefill_A': must be 1-12 characters a-z 0-9 (it names the unit and its files). Fix: use e.g. a, b or 0."],
+        id='instance_name',
+    ),
+    pytest.param(
+        {'pdnode_prefill_instances': [{'gpus': [0, 1], 'name': 'a'}, {'gpus': [2, 3], 'name': 'a'}]},
+        ["pdnode_prefill_instances[1].name='a': two prefill instances are named 'a'. Fix: give each instance its own name."],
+        id='instance_name_twice',
     ),
     pytest.param(
         {'pdnode_transfer_backend': 'mooncake_tcp'},
@@ -104,12 +162,12 @@ CASES = [
     ),
     pytest.param(
         {'pdnode_ib_devices': {0: 'mlx5_0', 1: 'mlx5_1'}},
-        ["pdnode_ib_devices={0: 'mlx5_0', 1: 'mlx5_1'}: has no device for GPUs [2, 3, 4, 5, 6, 7] used by prefill/decode (SGLang raises 'No IB devices configured for GPU n'). Fix: map every GPU of prefill and decode to its closest NIC (see `nvidia-smi topo -m`)."],
+        ["pdnode_ib_devices={0: 'mlx5_0', 1: 'mlx5_1'}: has no device for GPUs [2, 3, 4, 5, 6, 7] used by the engine instances (SGLang raises 'No IB devices configured for GPU n'). Fix: map every GPU of prefill and decode to its closest NIC (see `nvidia-smi topo -m`)."],
         id='ib_unmapped',
     ),
     pytest.param(
         {'pdnode_ib_devices': {0: 'mlx5_0', 1: 'mlx5_1', 2: 'mlx5_2', 3: 'mlx5_3', 4: 'mlx5_4', 5: 'mlx5_5', 6: 'mlx5_6', 7: 'mlx5 7'}},
-        ["pdnode_ib_devices.7='mlx5 7': must be an RDMA device name or a comma list of them. Fix: write the name as in /sys/class/infiniband, e.g. mlx5_0.", "pdnode_ib_devices={0: 'mlx5_0', 1: 'mlx5_1', 2: 'mlx5_2', 3: 'mlx5_3', 4: 'mlx5_4', 5: 'mlx5_5', 6: 'mlx5_6', 7: 'mlx5 7'}: has no device for GPUs [7] used by prefill/decode (SGLang raises 'No IB devices configured for GPU n'). Fix: map every GPU of prefill and decode to its closest NIC (see `nvidia-smi topo -m`)."],
+        ["pdnode_ib_devices.7='mlx5 7': must be an RDMA device name or a comma list of them. Fix: write the name as in /sys/class/infiniband, e.g. mlx5_0.", "pdnode_ib_devices={0: 'mlx5_0', 1: 'mlx5_1', 2: 'mlx5_2', 3: 'mlx5_3', 4: 'mlx5_4', 5: 'mlx5_5', 6: 'mlx5_6', 7: 'mlx5 7'}: has no device for GPUs [7] used by the engine instances (SGLang raises 'No IB devices configured for GPU n'). Fix: map every GPU of prefill and decode to its closest NIC (see `nvidia-smi topo -m`)."],
         id='ib_badname',
     ),
     pytest.param(
@@ -118,13 +176,13 @@ CASES = [
         id='fake',
     ),
     pytest.param(
-        {'pdnode_router_port': 30000},
-        ['pdnode_router_port=30000: port 30000 is used by both pdnode_prefill_port and pdnode_router_port. Fix: give every listener its own port (decode also binds its port+233..+239).'],
-        id='port_dup',
+        {'pdnode_router_port': 30000, 'prefill[0]': {'port': 30000}},
+        ["pdnode_prefill_instances[0].port=30000: prefill-0's port and the router's port are both port 30000. Fix: set pdnode_prefill_instances[0].port: 30002 (the nearest free port), or leave the instances' ports out so the plan allocates them."],
+        id='port_router',
     ),
     pytest.param(
-        {'pdnode_decode_nccl_port': 30235},
-        ['pdnode_decode_port+234=30235: port 30235 is used by both pdnode_decode_nccl_port and pdnode_decode_port+234. Fix: give every listener its own port (decode also binds its port+233..+239).'],
+        {'decode[0]': {'port': 30001, 'nccl_port': 30235}},
+        ["pdnode_decode_instances[0].nccl_port=30235: decode-0's nccl_port and its port+233..+239 (30234-30240) overlap at port 30235 (an instance with DP attention also binds its port+233..+239). Fix: set pdnode_decode_instances[0].nccl_port: 30241 (the nearest free port), or leave the instances' ports out so the plan allocates them."],
         id='port_internal',
     ),
     pytest.param(
@@ -133,34 +191,64 @@ CASES = [
         id='port_range',
     ),
     pytest.param(
-        {'pdnode_decode_extra_args': {'disaggregation_decode_tp': 4}},
-        ["pdnode_decode_extra_args.disaggregation_decode_tp=4: was removed from SGLang in 2026-03 (now an unknown flag). Fix: decode's TP is its own tp_size: set pdnode_decode_tp_size."],
+        {'prefill[0]': {'port': 80}},
+        ['pdnode_prefill_instances[0].port=80: must be an unprivileged TCP port (1024-65535). Fix: choose a port in 1024-65535, or leave it out to have one allocated.'],
+        id='port_range_instance',
+    ),
+    pytest.param(
+        {'decode[0]': {'port': 65400}},
+        ['pdnode_decode_instances[0].port=65400: must be an unprivileged TCP port (1024-65296) (with DP attention it also binds port+233..+239). Fix: choose a port in 1024-65296, or leave it out to have one allocated.'],
+        id='port_range_dp_attention',
+    ),
+    pytest.param(
+        {'decode[0]': {'extra_args': {'disaggregation_decode_tp': 4}}},
+        ["pdnode_decode_instances[0].extra_args.disaggregation_decode_tp=4: was removed from SGLang in 2026-03 (now an unknown flag). Fix: decode's TP is its own tp_size: set tp_size on the decode instance."],
         id='removed',
     ),
     pytest.param(
-        {'pdnode_decode_extra_args': {'enable_dp_attention': True}},
-        ["pdnode_decode_extra_args.enable_dp_attention=True: is the deprecated DP-attention spelling (--enable-dp-attention --dp-size N; rewritten to attn_dp_size=N and rejected by SGLang's YAML config). Fix: remove it and set pdnode_decode_attn_dp_size."],
+        {'decode[0]': {'attn_dp_size': None, 'enable_dp_lm_head': None, 'extra_args': {'enable_dp_attention': True, 'dp_size': 4}}},
+        ['pdnode_decode_instances[0].extra_args.enable_dp_attention=True: is the deprecated DP-attention spelling (--enable-dp-attention --dp-size N; rewritten by SGLang to attn_dp_size=N and rejected by its YAML config). Fix: remove enable_dp_attention and dp_size from extra_args and set attn_dp_size: 4 on the instance.'],
         id='deprecated_dp',
     ),
     pytest.param(
-        {'pdnode_prefill_extra_args': {'tp_size': 8}},
-        ['pdnode_prefill_extra_args.tp_size=8: is set by the plan from pdnode_prefill_tp_size. Fix: remove it from pdnode_prefill_extra_args.'],
+        {'prefill[0]': {'extra_args': {'tp_size': 8}}},
+        ["pdnode_prefill_instances[0].extra_args.tp_size=8: is set by the plan from the instance's tp_size. Fix: remove it from extra_args and set tp_size on the instance."],
         id='owned',
     ),
     pytest.param(
-        {'pdnode_prefill_extra_args': {'cuda_graph_max_bs': 8}},
-        ['pdnode_prefill_extra_args.cuda_graph_max_bs=8: is not a ServerArgs field of SGLang 0.5.23. Fix: use a field name from `python -m sglang.launch_server --help` with underscores.'],
+        {'prefill[0]': {'extra_args': {'gpu_id_step': 2}}},
+        ["pdnode_prefill_instances[0].extra_args.gpu_id_step=2: is set by the plan from the instance's gpus (their spacing). Fix: remove it from extra_args."],
+        id='owned_gpu_id_step',
+    ),
+    pytest.param(
+        {'prefill[0]': {'extra_args': {'cuda_graph_max_bs': 8}}},
+        ['pdnode_prefill_instances[0].extra_args.cuda_graph_max_bs=8: is not a ServerArgs field of SGLang 0.5.23. Fix: use a field name from `python -m sglang.launch_server --help` with underscores.'],
         id='unknown_arg',
     ),
     pytest.param(
         {'pdnode_decode_dp_size': 4},
-        ['pdnode_decode_dp_size=4: is not a variable this bundle knows. Fix: remove or rename it (did you mean pdnode_decode_tp_size?).'],
+        ['pdnode_decode_dp_size=4: is not a variable this bundle knows. Fix: remove or rename it (see docs/inventory.md for the variables).'],
         id='unknown_var',
     ),
     pytest.param(
-        {'pdnode_prefill_tp_size': '4'},
-        ["pdnode_prefill_tp_size='4': must be an integer. Fix: write pdnode_prefill_tp_size as an integer (prefill tensor parallel size (= its GPU count))."],
+        {'pdnode_decode_tp_size': 4, 'pdnode_decode_attn_dp_size': 4},
+        ['pdnode_decode_tp_size=4: the one-instance variables (pdnode_decode_tp_size, pdnode_decode_attn_dp_size) were replaced by a list of instances per role (one spelling for one fact; docs/inventory.md). Fix: write pdnode_decode_instances: [{tp_size: 4, attn_dp_size: 4}] and remove the old variables.'],
+        id='retired',
+    ),
+    pytest.param(
+        {'prefill[0]': {'tp_size': '4'}},
+        ["pdnode_prefill_instances[0].tp_size='4': must be an integer. Fix: write tp_size as an integer."],
         id='type',
+    ),
+    pytest.param(
+        {'pdnode_gpu_count': '8'},
+        ["pdnode_gpu_count='8': must be an integer. Fix: write pdnode_gpu_count as an integer (GPUs on the host)."],
+        id='type_variable',
+    ),
+    pytest.param(
+        {'prefill[0]': {'extra_args': {'chunked_prefill_size': 8192}, 'tp_size': '{{ tp }}'}},
+        ["pdnode_prefill_instances[0].tp_size='{{ tp }}': templated values are not supported in the node description. Fix: write the literal value; the plan is computed without Ansible."],
+        id='instance_template',
     ),
     pytest.param(
         {'pdnode_model_path': None},
@@ -213,8 +301,8 @@ CASES = [
         id='threshold_neg',
     ),
     pytest.param(
-        {'pdnode_decode_mem_fraction_static': 1.5},
-        ['pdnode_decode_mem_fraction_static=1.5: must be between 0 and 1. Fix: use e.g. 0.85.'],
+        {'decode[0]': {'mem_fraction_static': 1.5}},
+        ['pdnode_decode_instances[0].mem_fraction_static=1.5: must be between 0 and 1. Fix: use e.g. 0.85.'],
         id='memfrac',
     ),
     pytest.param(
@@ -228,23 +316,39 @@ CASES = [
 @pytest.mark.parametrize(("changes", "expected"), CASES)
 def test_rule_reports_exact_lines(gpu01_vars, changes, expected):
     with pytest.raises(PlanError) as info:
-        build_plan(_apply(gpu01_vars, changes))
+        build_plan(changed(gpu01_vars, changes))
     assert [str(p) for p in info.value.problems] == expected
 
 
 def test_gpu01_is_valid_and_matches_the_design(gpu01_vars):
     plan = build_plan(gpu01_vars, "gpu01")
     assert plan.warnings == []
-    assert plan.gpus == {"prefill": [0, 1, 2, 3], "decode": [4, 5, 6, 7]}
-    p, d = plan.prefill, plan.decode
-    assert (p["tp_size"], p["base_gpu_id"], p["disaggregation_mode"]) == (4, 0, "prefill")
-    assert "attn_dp_size" not in p and "ep_size" not in p
+    assert list(plan.services) == ["prefill-0", "decode-0", "router"]
+    assert {s["id"]: s["gpus"] for s in plan.engines()} == {"prefill-0": [0, 1, 2, 3], "decode-0": [4, 5, 6, 7]}
+    p, d = plan.services["prefill-0"]["args"], plan.services["decode-0"]["args"]
+    assert (p["tp_size"], p["base_gpu_id"], p["gpu_id_step"], p["disaggregation_mode"]) == (4, 0, 1, "prefill")
+    assert "attn_dp_size" not in p and "ep_size" not in p and "dp_size" not in p
     assert (d["tp_size"], d["attn_dp_size"], d["ep_size"], d["base_gpu_id"]) == (4, 4, 4, 4)
     assert d["disaggregation_mode"] == "decode"
     assert p["disaggregation_ib_device"] == {"0": "mlx5_0", "1": "mlx5_1", "2": "mlx5_2", "3": "mlx5_3"}
     assert d["disaggregation_ib_device"] == {"4": "mlx5_4", "5": "mlx5_5", "6": "mlx5_6", "7": "mlx5_7"}
     assert p["host"] == d["host"] == "127.0.0.1"
-    assert p["nccl_port"] != d["nccl_port"]
+    assert (p["port"], d["port"], p["nccl_port"], d["nccl_port"]) == (30000, 30001, 31000, 31100)
+    assert plan.services["prefill-0"]["bootstrap_port"] == p["disaggregation_bootstrap_port"] == 8998
+
+
+@pytest.mark.parametrize(("inventory", "layout"), [
+    ("gpu01-2p1d", {"prefill-0": [0, 1], "prefill-1": [2, 3], "decode-0": [4, 5, 6, 7]}),
+    ("gpu01-1p2d", {"prefill-0": [0, 1, 2, 3], "decode-0": [4, 5], "decode-1": [6, 7]}),
+])
+def test_the_xpyd_examples_are_valid(inventory, layout):
+    plan = build_plan(variables(inventory))
+    assert {s["id"]: s["gpus"] for s in plan.engines()} == layout
+    assert list(plan.services)[-1] == "router"
+    router = plan.services["router"]["args"]
+    assert router["prefill"] == [[s["url"], s["bootstrap_port"]] for s in plan.engines("prefill")]
+    assert router["decode"] == [s["url"] for s in plan.engines("decode")]
+    assert len({s["url"] for s in plan.engines()}) == len(layout)
 
 
 def test_router_gets_the_bootstrap_port_after_the_prefill_url(gpu01_vars):
@@ -258,32 +362,55 @@ def test_router_gets_the_bootstrap_port_after_the_prefill_url(gpu01_vars):
 
 
 def test_all_problems_are_reported_at_once(gpu01_vars):
-    bad = _apply(gpu01_vars, {"pdnode_decode_attn_dp_size": 3, "pdnode_router_port": 30000,
-                              "pdnode_engine": "vllm"})
+    bad = changed(gpu01_vars, {"decode[0]": {"attn_dp_size": 3}, "prefill[0]": {"port": 8000},
+                               "pdnode_engine": "vllm"})
     with pytest.raises(PlanError) as info:
         build_plan(bad)
     fields = [p.field for p in info.value.problems]
-    assert fields == ["pdnode_engine", "pdnode_decode_tp_size", "pdnode_router_port"]
+    assert fields == ["pdnode_engine", "pdnode_decode_instances[0].tp_size", "pdnode_prefill_instances[0].port"]
 
 
-def test_decode_internal_ports_count_only_with_dp_attention(gpu01_vars):
-    plan = build_plan(_apply(gpu01_vars, {"pdnode_decode_attn_dp_size": 1, "pdnode_decode_enable_dp_lm_head": False,
-                                          "pdnode_decode_nccl_port": 30235}))
-    assert plan.ports["pdnode_decode_nccl_port"] == 30235
+def test_dp_attention_ports_are_reserved_only_with_dp_attention(gpu01_vars):
+    plan = build_plan(changed(gpu01_vars, {"decode[0]": {"attn_dp_size": 1, "enable_dp_lm_head": False,
+                                                         "port": 30001, "nccl_port": 30235}}))
+    assert plan.ports["decode-0.nccl_port"] == 30235
     assert not any("+" in name for name in plan.ports)
+    plan = build_plan(gpu01_vars)
+    assert [plan.ports[f"decode-0.port+{off}"] for off in range(233, 240)] == list(range(30234, 30241))
 
 
 def test_prefill_dp_attention_is_a_warning_not_an_error(gpu01_vars):
-    plan = build_plan(_apply(gpu01_vars, {"pdnode_prefill_attn_dp_size": 4, "pdnode_decode_port": 30100}))
+    plan = build_plan(changed(gpu01_vars, {"prefill[0]": {"attn_dp_size": 4}}))
     assert [str(w) for w in plan.warnings] == [
-        "pdnode_prefill_attn_dp_size=4: DP attention on prefill makes each GPU attend one request: "
+        "pdnode_prefill_instances[0].attn_dp_size=4: DP attention on prefill makes each GPU attend one request: "
         "TTFT gets several times worse. Fix: use plain TP on prefill (attn_dp_size 1)."]
+    assert plan.services["prefill-0"]["args"]["attn_dp_size"] == 4
 
 
 def test_dense_model_without_ep(gpu01_vars):
-    plan = build_plan(_apply(gpu01_vars, {"pdnode_model_kind": "dense", "pdnode_decode_ep_size": 1,
-                                          "pdnode_decode_moe_dense_tp_size": None}))
-    assert "ep_size" not in plan.decode and "moe_dense_tp_size" not in plan.decode
+    plan = build_plan(changed(gpu01_vars, {"pdnode_model_kind": "dense",
+                                           "decode[0]": {"ep_size": None, "moe_dense_tp_size": None}}))
+    assert plan.warnings == []
+    for args in engine_args(plan).values():
+        assert "ep_size" not in args and "moe_dense_tp_size" not in args
+
+
+def test_instance_names_name_the_units_and_files(gpu01_vars):
+    plan = build_plan(changed(gpu01_vars, {"prefill[0]": {"name": "a"}, "decode[0]": {"name": "big"}}))
+    assert list(plan.services) == ["prefill-a", "decode-big", "router"]
+    s = plan.services["decode-big"]
+    assert (s["unit"], s["config"], s["env_file"]) == (
+        "sglang-pd-decode-big.service", "/etc/sglang-pd/decode-big.json", "/etc/sglang-pd/decode-big.env")
+    assert plan.ports["decode-big.port"] == 30001
+
+
+def test_settings_hold_the_normalised_instances(gpu01_vars):
+    """Every key filled in, ports allocated: what Ansible and the verifier read."""
+    settings = build_plan(gpu01_vars).settings
+    (p,), (d,) = settings["pdnode_prefill_instances"], settings["pdnode_decode_instances"]
+    assert (p["name"], p["dp_size"], p["attn_dp_size"], p["port"], p["bootstrap_port"], p["nccl_port"]) == (
+        "0", 1, 1, 30000, 8998, 31000)
+    assert "bootstrap_port" not in d and (d["port"], d["nccl_port"]) == (30001, 31100)
 
 
 def _cli(*args):
@@ -294,23 +421,32 @@ def _cli(*args):
 def test_cli_check_ok():
     r = _cli("check", "inventories/gpu01")
     assert r.returncode == 0, r.stderr
-    assert "host gpu01 OK" in r.stdout
+    assert "host gpu01 OK (prefill-0 GPUs 0-3, decode-0 GPUs 4-7; " in r.stdout
 
 
-def test_cli_check_article_decode_exits_1_with_one_line(tmp_path):
+def _article_inventory(tmp_path):
     inv = tmp_path / "inv"
     subprocess.run(["cp", "-r", str(GPU01), str(inv)], check=True)
     (inv / "host_vars").mkdir()
     (inv / "host_vars" / "gpu01.yml").write_text(
-        "---\npdnode_decode_tp_size: 1\npdnode_decode_gpus: [4]\npdnode_decode_attn_dp_size: 4\n"
-        "pdnode_decode_ep_size: 1\n")
-    r = _cli("check", str(inv))
+        "---\npdnode_decode_instances:\n  - gpus: [4]\n    tp_size: 1\n    attn_dp_size: 4\n")
+    return inv
+
+
+def test_cli_check_article_decode_exits_1_with_one_line(tmp_path):
+    r = _cli("check", str(_article_inventory(tmp_path)))
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 2 and "1 problem" in lines[0]
-    assert "pdnode_decode_tp_size=1" in lines[1] and "pdnode_decode_attn_dp_size=4" in lines[1]
-    assert "host_vars/gpu01.yml" in lines[1]
+    assert len(lines) == 2 and "1 problem" in lines[0], r.stderr
+    assert lines[1].strip().startswith("pdnode_decode_instances[0].tp_size=1: is not divisible by attn_dp_size=4")
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="cli.py looks the source up by the text before the first '.', "
+                   "which for an instance key still holds '[0]' (fix proposed to the lead)")
+def test_cli_check_names_the_file_that_set_the_instance(tmp_path):
+    r = _cli("check", str(_article_inventory(tmp_path)))
+    assert "host_vars/gpu01.yml" in r.stderr.strip().splitlines()[1], r.stderr
 
 
 @pytest.mark.parametrize(("content", "needle"), [
@@ -324,18 +460,26 @@ def test_cli_unreadable_inventory_exits_2(tmp_path, content, needle):
 
 
 def test_cli_render_prints_the_serverargs_json():
-    r = _cli("render", "inventories/gpu01", "--role", "decode")
+    r = _cli("render", "inventories/gpu01", "--role", "decode-0")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["attn_dp_size"] == 4
 
 
+def test_cli_render_an_unknown_service_exits_2():
+    r = _cli("render", "inventories/gpu01", "--role", "decode")
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("pdnode: no service 'decode' in this plan (services: prefill-0, decode-0, router)")
+
+
 def test_cli_explain_table():
-    r = _cli("explain", "inventories/gpu01")
+    r = _cli("explain", "inventories/gpu01-2p1d")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["role", "GPUs", "parallelism", "listens", "on"]
-    assert lines[2].startswith("prefill  0-3") and "TP 4" in lines[2]
-    assert "attn-DP 4 (attn-TP 1), EP 4" in lines[3]
+    assert lines[0].split() == ["service", "unit", "GPUs", "parallelism", "listens", "on"]
+    assert lines[2].split()[:4] == ["prefill-0", "sglang-pd-prefill-0.service", "0-1", "TP"]
+    assert lines[3].startswith("prefill-1") and ":8999 (bootstrap)" in lines[3]
+    assert "attn-DP 4 (attn-TP 1), EP 4" in lines[4] and ":30234-30240 (internal)" in lines[4]
+    assert lines[5].startswith("router")
 
 
 def test_check_does_not_load_the_verifier():

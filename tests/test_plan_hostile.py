@@ -2,12 +2,12 @@
 unit, an environment file, a command line or a path is held to a strict pattern, one
 line per problem naming the variable, the value, the rule and the fix.
 
-Each case starts from inventories/gpu01 (valid) and changes a few variables.
+Each case starts from inventories/gpu01 (valid) and changes a few variables or instance
+keys (tests/planvars.py: ``"prefill[0]": {...}`` patches an instance entry).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import subprocess
@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from planvars import changed, variables
+
 from pdnode import argtable
-from pdnode.inventory import load_inventory
 from pdnode.plan import PlanError, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,14 +27,12 @@ INJECT = "8M\nExecStartPre=+/bin/touch /run/pwned"
 
 @pytest.fixture(scope="module")
 def gpu01_vars():
-    return load_inventory(GPU01).variables
+    return variables("gpu01")
 
 
 def _problems(base, changes):
-    v = copy.deepcopy(base)
-    v.update(changes)
     try:
-        build_plan(v)
+        build_plan(changed(base, changes))
     except PlanError as exc:
         return [str(p) for p in exc.problems]
     return []
@@ -79,23 +78,23 @@ REFUSED = [
     pytest.param({"pdnode_engine_environment": {"X": '"quoted"'}}, "pdnode_engine_environment.X='\"quoted\"': may contain only", id="env_quote"),
     pytest.param({"pdnode_engine_environment": {"X": "a b"}}, "pdnode_engine_environment.X='a b': may contain only", id="env_space"),
     pytest.param({"pdnode_engine_environment": {"X": [1]}}, "pdnode_engine_environment.X=[1]: must be a string", id="env_list"),
-    pytest.param({"pdnode_prefill_extra_args": {"lora_paths": ["a", "--host", "0.0.0.0", "--api-key", "KEY"]}},
-                 "pdnode_prefill_extra_args.lora_paths=['a', '--host', '0.0.0.0', '--api-key', 'KEY']: item '--host': "
+    pytest.param({"prefill[0]": {"extra_args": {"lora_paths": ["a", "--host", "0.0.0.0", "--api-key", "KEY"]}}},
+                 "pdnode_prefill_instances[0].extra_args.lora_paths=['a', '--host', '0.0.0.0', '--api-key', 'KEY']: item '--host': "
                  "a value may not start with '-'", id="extra_list_flags"),
-    pytest.param({"pdnode_decode_extra_args": {"moe_a2a_backend": "bogus"}},
-                 "pdnode_decode_extra_args.moe_a2a_backend='bogus': --moe-a2a-backend accepts only", id="extra_choices"),
-    pytest.param({"pdnode_prefill_extra_args": {"chunked_prefill_size": "abc"}},
-                 "pdnode_prefill_extra_args.chunked_prefill_size='abc': --chunked-prefill-size takes an integer", id="extra_int"),
-    pytest.param({"pdnode_prefill_extra_args": {"chunked_prefill_size": True}},
-                 "pdnode_prefill_extra_args.chunked_prefill_size=True: --chunked-prefill-size takes a value", id="extra_bool_for_int"),
-    pytest.param({"pdnode_prefill_extra_args": {"watchdog_timeout": "-5"}},
-                 "pdnode_prefill_extra_args.watchdog_timeout='-5': --watchdog-timeout takes a number", id="extra_float"),
-    pytest.param({"pdnode_prefill_extra_args": {"admin_api_key": "S3CRET"}},
-                 "pdnode_prefill_extra_args.admin_api_key='<hidden>': holds a secret", id="extra_secret"),
-    pytest.param({"pdnode_prefill_extra_args": {"enable_metrics_for_all_schedulers": "yes"}},
-                 "pdnode_prefill_extra_args.enable_metrics_for_all_schedulers='yes': --enable-metrics-for-all-schedulers is an on/off flag",
+    pytest.param({"decode[0]": {"extra_args": {"moe_a2a_backend": "bogus"}}},
+                 "pdnode_decode_instances[0].extra_args.moe_a2a_backend='bogus': --moe-a2a-backend accepts only", id="extra_choices"),
+    pytest.param({"prefill[0]": {"extra_args": {"chunked_prefill_size": "abc"}}},
+                 "pdnode_prefill_instances[0].extra_args.chunked_prefill_size='abc': --chunked-prefill-size takes an integer", id="extra_int"),
+    pytest.param({"prefill[0]": {"extra_args": {"chunked_prefill_size": True}}},
+                 "pdnode_prefill_instances[0].extra_args.chunked_prefill_size=True: --chunked-prefill-size takes a value", id="extra_bool_for_int"),
+    pytest.param({"prefill[0]": {"extra_args": {"watchdog_timeout": "-5"}}},
+                 "pdnode_prefill_instances[0].extra_args.watchdog_timeout='-5': --watchdog-timeout takes a number", id="extra_float"),
+    pytest.param({"prefill[0]": {"extra_args": {"admin_api_key": "S3CRET"}}},
+                 "pdnode_prefill_instances[0].extra_args.admin_api_key='<hidden>': holds a secret", id="extra_secret"),
+    pytest.param({"prefill[0]": {"extra_args": {"enable_metrics_for_all_schedulers": "yes"}}},
+                 "pdnode_prefill_instances[0].extra_args.enable_metrics_for_all_schedulers='yes': --enable-metrics-for-all-schedulers is an on/off flag",
                  id="extra_flag"),
-    pytest.param({"pdnode_prefill_extra_args": {"dtype": "--x"}}, "pdnode_prefill_extra_args.dtype='--x': a value may not start with '-'", id="extra_dash_choice"),
+    pytest.param({"prefill[0]": {"extra_args": {"dtype": "--x"}}}, "pdnode_prefill_instances[0].extra_args.dtype='--x': a value may not start with '-'", id="extra_dash_choice"),
     pytest.param({"pdnode_model_load_format": "bogus"}, "pdnode_model_load_format='bogus': --load-format accepts only", id="load_format"),
     pytest.param({"pdnode_router_extra_args": {"api-key": "SECRET"}},
                  "pdnode_router_extra_args.api-key='<hidden>': holds a secret", id="router_dash_secret"),
@@ -130,6 +129,20 @@ REFUSED = [
     pytest.param({"pd_services_watchdog_s": "60\nUser=root"}, "pd_services_watchdog_s='60\\nUser=root': must be",
                  id="role_watchdog"),
     pytest.param({"pdnode_x\ny": 1}, "'pdnode_x\\ny'=1: is not a variable this bundle knows", id="unknown_name_newline"),
+    # instance keys: the name becomes a unit and file name, ports and GPU ids reach argv
+    pytest.param({"prefill[0]": {"name": "a/../../etc"}},
+                 "pdnode_prefill_instances[0].name='a/../../etc': must be 1-12 characters a-z 0-9", id="name_path"),
+    pytest.param({"prefill[0]": {"name": "%i"}}, "pdnode_prefill_instances[0].name='%i': must be", id="name_specifier"),
+    pytest.param({"decode[0]": {"name": "d\nExecStartPre=+/bin/touch /run/pwned"}},
+                 "pdnode_decode_instances[0].name='d\\nExecStartPre=+/bin/touch /run/pwned': contains a control "
+                 "character", id="name_newline"),
+    pytest.param({"prefill[0]": {"port": "30000 --x"}}, "pdnode_prefill_instances[0].port='30000 --x': must be an "
+                 "integer", id="port_text"),
+    pytest.param({"prefill[0]": {"gpus": ["0", "1", "2", "3"]}},
+                 "pdnode_prefill_instances[0].gpus=['0', '1', '2', '3']: must be a list of integers", id="gpus_text"),
+    pytest.param({"prefill[0]": {"extra_args": {"chunked_prefill_size\nx": 1}}},
+                 "pdnode_prefill_instances[0].extra_args='chunked_prefill_size\\nx': contains a control character",
+                 id="extra_key_newline"),
 ]
 
 
@@ -153,10 +166,11 @@ ACCEPTED = [
     pytest.param({"pdnode_engine_environment": {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": 600,
                                                 "MC_TCP_BIND_ADDRESS": "10.0.0.1", "NCCL_IB_HCA": "mlx5_0,mlx5_1",
                                                 "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": True}}, id="environment"),
-    pytest.param({"pdnode_prefill_extra_args": {"chunked_prefill_size": 8192, "watchdog_timeout": 600,
+    pytest.param({"prefill[0]": {"extra_args": {"chunked_prefill_size": 8192, "watchdog_timeout": 600,
                                                 "dtype": "bfloat16", "enable_metrics_for_all_schedulers": True,
-                                                "json_model_override_args": {"a": 1}}}, id="extra_args"),
-    pytest.param({"pdnode_decode_extra_args": {"moe_a2a_backend": "none"}}, id="extra_choice"),
+                                                "json_model_override_args": {"a": 1}}}}, id="extra_args"),
+    pytest.param({"prefill[0]": {"name": "a"}, "decode[0]": {"name": "d2"}}, id="instance_names"),
+    pytest.param({"decode[0]": {"extra_args": {"moe_a2a_backend": "none"}}}, id="extra_choice"),
     pytest.param({"pdnode_router_extra_args": {"retry_max_retries": 3, "log_level": "info",
                                                "request_timeout_secs": 600}}, id="router_extra"),
     pytest.param({"pdnode_router_host": "node1.example.net", "pdnode_router_metrics_host": "::1"}, id="hosts"),
@@ -194,7 +208,7 @@ def test_every_owned_router_argument_exists_in_the_table():
 def test_every_owned_server_argument_exists_in_the_table():
     """The plan writes these itself; each must be a real flag of SGLang 0.5.23 (a rename
     in SGLang would otherwise pass the plan and fail at start)."""
-    from pdnode.plan import OWNED_SERVER_ARGS
+    from pdnode.instances import OWNED_SERVER_ARGS
 
     table = argtable.load(argtable.SGLANG_TABLE)
     assert sorted(set(OWNED_SERVER_ARGS) - set(table)) == []
@@ -228,8 +242,11 @@ def test_cli_refuses_the_issue_reproductions(tmp_path):
         b"pdnode_service_user: '%u'\npdnode_config_dir: /etc\n"
         b"pdnode_model_served_name: \"m\\nExecStartPre=+/bin/touch /run/pwned\"\n"
         b"pdnode_router_extra_args: {api-key: SECRET}\n"
-        b"pdnode_prefill_extra_args: {lora_paths: [a, --host, 0.0.0.0, --api-key, KEY]}\n"
-        b"pdnode_decode_extra_args: {moe_a2a_backend: bogus, chunked_prefill_size: abc}\n"))
+        b"pdnode_prefill_instances:\n"
+        b"  - {gpus: [0, 1, 2, 3], extra_args: {lora_paths: [a, --host, 0.0.0.0, --api-key, KEY]}}\n"
+        b"pdnode_decode_instances:\n"
+        b"  - gpus: [4, 5, 6, 7]\n    attn_dp_size: 4\n"
+        b"    extra_args: {moe_a2a_backend: bogus, chunked_prefill_size: abc}\n"))
     r = _cli("check", str(inv))
     assert r.returncode == 1, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()

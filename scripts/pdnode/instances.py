@@ -37,6 +37,10 @@ OWNED_SERVER_ARGS = {
     "mem_fraction_static": "the instance's mem_fraction_static", "enable_metrics": "(always on)",
     "load_format": "pdnode_model_load_format", "api_key": "(a secret file, never a variable)",
 }
+# MoE all-to-all backends for which SGLang 0.5.23 sets ep_size = tp_size itself
+# (arg_groups/overrides.py, _A2A_EP_SPANNING_BACKENDS); "none" and "ascend_tp" keep ep_size.
+A2A_EP_IS_TP = frozenset({"deepep", "deepep_v2", "megamoe", "mooncake", "nixl", "ascend_fuseep", "flashinfer",
+                          "flashinfer_megamoe", "mori", "pplx"})
 _KIND_OK = {
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "int_or_none": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
@@ -68,6 +72,7 @@ class Instance:
     nccl_port: int | None
     mem_fraction_static: float
     extra_args: dict[str, Any] = field(default_factory=dict)
+    reported: set[str] = field(default_factory=set)  # keys already reported as missing or mistyped
 
     @property
     def id(self) -> str:
@@ -146,7 +151,14 @@ def read(c: Any, role: str, entries: Any) -> list[Instance]:
             if spec is None or role not in spec.roles:
                 known = ", ".join(k.name for k in INSTANCE_KEYS if role in k.roles)
                 c.error(f"{where}.{key}", entry[key], f"is not a key of a {role} instance", f"use one of {known}")
-        got = {k.name: _typed(c, where, k.name, entry, role) for k in INSTANCE_KEYS if role in k.roles}
+        got: dict[str, Any] = {}
+        reported = set()
+        for k in INSTANCE_KEYS:
+            if role in k.roles:
+                before = len(c.problems)
+                got[k.name] = _typed(c, where, k.name, entry, role)
+                if len(c.problems) > before:
+                    reported.add(k.name)
         inst_name = got["name"] if got["name"] is not None else str(i)
         if not NAME_RE.match(str(inst_name)):
             c.error(f"{where}.name", inst_name, "must be 1-12 characters a-z 0-9 (it names the unit and its files)",
@@ -157,7 +169,7 @@ def read(c: Any, role: str, entries: Any) -> list[Instance]:
             ep_size=got["ep_size"], moe_dense_tp_size=got["moe_dense_tp_size"],
             enable_dp_lm_head=got["enable_dp_lm_head"], port=got["port"], bootstrap_port=got.get("bootstrap_port"),
             nccl_port=got["nccl_port"], mem_fraction_static=got["mem_fraction_static"],
-            extra_args=got["extra_args"] if isinstance(got["extra_args"], dict) else {},
+            extra_args=got["extra_args"] if isinstance(got["extra_args"], dict) else {}, reported=reported,
         ))
     names = [i.name for i in out]
     for inst in out:
@@ -183,6 +195,8 @@ def check(c: Any, inst: Instance, gpu_count: Any, kind: Any, known: frozenset[st
 
 
 def _check_sizes(c: Any, inst: Instance) -> None:
+    """tp_size / dp_size / attn_dp_size. A rule that fails here sets the value to None,
+    so the GPU-count rule does not report the same cause a second time."""
     f = inst.field
     for key in ("dp_size", "attn_dp_size"):
         value = getattr(inst, key)
@@ -190,10 +204,20 @@ def _check_sizes(c: Any, inst: Instance) -> None:
             c.error(f"{f}.{key}", value, "must be at least 1", "use 1 to turn it off")
             setattr(inst, key, None)
     n = len(inst.gpus)
+    if isinstance(inst.dp_size, int) and inst.dp_size > 1 and isinstance(inst.attn_dp_size, int) \
+            and inst.attn_dp_size > 1:
+        # SGLang 0.5.23 (handle_data_parallelism): "data-parallel replicas combined with
+        # attention data parallelism are not supported" (ValueError)
+        c.error(f"{f}.dp_size", inst.dp_size, f"DP replicas cannot be combined with DP attention "
+                f"(attn_dp_size={inst.attn_dp_size}); SGLang 0.5.23 refuses --dp-size with --attn-dp-size",
+                "remove dp_size and list each replica as an instance of its own, or remove attn_dp_size")
+        inst.dp_size = None
+        return
     if inst.tp_size is None and isinstance(inst.dp_size, int) and inst.dp_size >= 1 and n:
         if n % inst.dp_size:
             c.error(f"{f}.dp_size", inst.dp_size, f"does not divide the instance's {n} GPUs (each replica has tp_size GPUs)",
                     "list dp_size x tp_size GPUs")
+            inst.dp_size = None
             return
         inst.tp_size = n // inst.dp_size
     tp, attn_dp = inst.tp_size, inst.attn_dp_size
@@ -202,21 +226,28 @@ def _check_sizes(c: Any, inst: Instance) -> None:
         inst.tp_size = None
         return
     if isinstance(tp, int) and isinstance(attn_dp, int) and tp % attn_dp:
-        good = max(d for d in range(1, tp + 1) if tp % d == 0 and d <= attn_dp)
+        if n and n % attn_dp == 0 and n != tp:
+            # the widely copied "tp 1, dp N" recipe: tp_size is what is wrong
+            fix = f"set tp_size: {n} (the instance's GPU count; attention-TP per DP rank is then {n // attn_dp})"
+        else:
+            good = max(d for d in range(1, tp + 1) if tp % d == 0 and d <= attn_dp)
+            fix = f"use an attn_dp_size that divides {tp} (e.g. {good})"
         c.error(f"{f}.tp_size", tp,
                 f"is not divisible by attn_dp_size={attn_dp} (SGLang asserts tp_size % attn_dp_size == 0; tp_size "
-                "counts ALL GPUs of the instance, attention-TP per DP rank is tp_size/attn_dp_size)",
-                f"keep tp_size the instance's GPU count and use an attn_dp_size that divides it (e.g. {good})")
-    if isinstance(inst.dp_size, int) and inst.dp_size > 1 and isinstance(attn_dp, int) and attn_dp > 1:
-        c.error(f"{f}.dp_size", inst.dp_size, "DP replicas and DP attention in one instance are not deployed by this "
-                "bundle (SGLang 0.5.23 treats dp_size with DP attention as the deprecated spelling)",
-                "use separate instances for replicas, or attn_dp_size alone")
+                "counts ALL GPUs of the instance, attention-TP per DP rank is tp_size/attn_dp_size)", fix)
+        inst.tp_size = None
+    if isinstance(inst.dp_size, int) and inst.dp_size > 1 and inst.nccl_port is not None:
+        # Each replica's scheduler binds the pinned port (PortArgs.init_new per DP rank):
+        # the second replica cannot start.
+        c.error(f"{f}.nccl_port", inst.nccl_port, f"cannot be pinned with dp_size={inst.dp_size}: every DP replica "
+                "would bind this one port (SGLang's data-parallel controller)",
+                "remove nccl_port from this instance; SGLang picks a free port per replica")
 
 
 def _check_gpus(c: Any, inst: Instance, gpu_count: Any) -> None:
     name, gpus = f"{inst.field}.gpus", inst.gpus
     if not gpus:
-        if isinstance(gpus, list):
+        if "gpus" not in inst.reported:
             c.error(name, gpus, "is empty", f"list the physical GPU ids {inst.id} runs on")
         return
     if isinstance(gpu_count, int):
@@ -234,10 +265,13 @@ def _check_gpus(c: Any, inst: Instance, gpu_count: Any) -> None:
         return
     tp, dp = inst.tp_size, inst.dp_size
     if isinstance(tp, int) and isinstance(dp, int) and len(gpus) != tp * dp:
-        what = f"tp_size={tp}" + (f" x dp_size={dp}" if dp > 1 else "")
-        c.error(name, gpus, f"has {len(gpus)} GPUs but {inst.id} needs {what} = {tp * dp} "
-                "(with DP attention tp_size is still the instance's total GPU count)",
-                f"give {inst.id} exactly {tp * dp} GPUs, or set tp_size={len(gpus) // dp}")
+        what = f"tp_size={tp}" + (f" x dp_size={dp} = {tp * dp}" if dp > 1 else "")
+        note = (" (with DP attention tp_size is still the instance's total GPU count)"
+                if isinstance(inst.attn_dp_size, int) and inst.attn_dp_size > 1 else "")
+        fix = f"list {tp * dp} GPUs for {inst.id}"
+        if len(gpus) % dp == 0:
+            fix += f", or set tp_size: {len(gpus) // dp}"
+        c.error(name, gpus, f"has {len(gpus)} GPUs but {inst.id} runs on {what} GPUs{note}", fix)
 
 
 def _check_moe(c: Any, inst: Instance, kind: Any) -> None:
@@ -252,11 +286,11 @@ def _check_moe(c: Any, inst: Instance, kind: Any) -> None:
         elif isinstance(tp, int) and tp % ep:
             c.error(f"{f}.ep_size", ep, f"does not divide tp_size={tp} (EP is carved out of the TP world)",
                     f"use an ep_size that divides {tp}, e.g. {tp}")
-        elif isinstance(tp, int) and a2a not in (None, "none") and ep != tp:
+        elif isinstance(tp, int) and a2a in A2A_EP_IS_TP and ep != tp:
             c.error(f"{f}.ep_size", ep,
-                    f"must equal tp_size={tp} with an all-to-all MoE backend (moe_a2a_backend={a2a!r}); "
-                    "SGLang sets it so itself when ep_size is left out",
-                    f"set ep_size: {tp} or leave it out")
+                    f"must equal tp_size={tp} with moe_a2a_backend={a2a!r}: SGLang 0.5.23 replaces any other "
+                    f"ep_size with tp_size for this backend, so {ep} would not take effect",
+                    f"leave ep_size out (SGLang sets it to tp_size) or set ep_size: {tp}")
     if dense_tp is not None:
         if kind == "dense":
             c.warn(f"{f}.moe_dense_tp_size", dense_tp, "has no effect on a dense model (SGLang ignores it)", "remove it")

@@ -4,10 +4,12 @@ An engine binds its HTTP port; a prefill also its bootstrap server; each its NCC
 (SGLang picks a random one unless told, which can land on a neighbour's); and an
 instance with DP attention also port+233 .. port+239 (SGLang's PortArgs: dist-init at
 +233, then six derived ZMQ ports). Ports the inventory leaves out are allocated from a
-base per kind with a stride of 10, so adding an instance of one role never moves the
-ports of another role's instances (a re-deploy restarts only what changed), and every
-reserved set (an instance's whole DP-attention range included) is free of every other.
-A collision between given ports is one line naming both owners and the smallest fix.
+base per kind with a stride of 10, decodes first: adding or removing a prefill never
+moves a decode's ports (a 1P1D -> 2P1D re-deploy restarts only what changed); adding a
+decode moves a prefill only where both run DP attention at the same index (their ranges
+would overlap). Every reserved set (an instance's whole DP-attention range included) is
+free of every other. A collision between given ports is one line naming both owners
+and the nearest free port.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ BASES = {  # kind -> (first port, stride)
 def _reserved(inst: Instance, key: str, port: int) -> dict[str, int]:
     """Ports one setting takes: the port itself, and the DP-attention range for HTTP."""
     out = {f"{inst.id}.{key}": port}
-    if key == "port" and isinstance(inst.attn_dp_size, int) and inst.attn_dp_size > 1:
+    if key == "port" and _dp_attention(inst):
         out.update({f"{inst.id}.port+{off}": port + off for off in DP_ATTENTION_OFFSETS})
     return out
 
@@ -39,11 +41,27 @@ def _keys(inst: Instance) -> list[str]:
     keys = ["port", "nccl_port"]
     if inst.role == "prefill":
         keys.insert(1, "bootstrap_port")
-    # DP replicas each bind an NCCL port of their own near the given one (SGLang's data-
-    # parallel controller): let SGLang choose free ones instead of pinning one.
+    # DP replicas each bind an NCCL port of their own (SGLang's data-parallel controller):
+    # SGLang chooses free ones; a pinned one is refused by pdnode.instances.
     if isinstance(inst.dp_size, int) and inst.dp_size > 1:
         keys.remove("nccl_port")
     return keys
+
+
+def _owner(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _label(name: str, ports: dict[str, int], whose: bool = True) -> str:
+    """A reserved port's name as a person reads it, e.g. "decode-0's port+233..+239 (30234-30240)"."""
+    owner, _, key = name.partition(".")
+    if "+" in key:
+        base = ports[f"{owner}.port"]
+        key = (f"port+{DP_ATTENTION_OFFSETS[0]}..+{DP_ATTENTION_OFFSETS[-1]} "
+               f"({base + DP_ATTENTION_OFFSETS[0]}-{base + DP_ATTENTION_OFFSETS[-1]})")
+    if not whose:
+        return f"its {key}"
+    return f"the router's {key}" if owner == "router" else f"{owner}'s {key}"
 
 
 def allocate(c: Any, instances: list[Instance], router: dict[str, Any]) -> dict[str, int]:
@@ -52,37 +70,40 @@ def allocate(c: Any, instances: list[Instance], router: dict[str, Any]) -> dict[
     ``router`` maps the router's port names ("router.port", "router.metrics_port") to
     (inventory variable, port)."""
     taken: dict[int, str] = {}
-    field_of: dict[str, str] = {}
     ports: dict[str, int] = {}
-    clashes: dict[tuple[str, str], tuple[str, int, str]] = {}
+    # (first owner, second owner) -> the first overlap: one line per pair, however many
+    # of an instance's ports overlap the other's
+    clashes: dict[tuple[str, str], tuple[str, str, int, str, Any]] = {}
 
-    def owner(name: str) -> str:
-        return name.split(".")[0] if not name.startswith("router.") else "router"
-
-    def take(named: dict[str, int], field: str) -> None:
+    def take(named: dict[str, int], field: str, setting: tuple[str, Any]) -> None:
         for name, port in named.items():
             other = taken.get(port)
             if other is not None:
-                pair = (owner(other), owner(name))
-                clashes.setdefault(pair, (field, port, f"{other} and {name}"))
+                clashes.setdefault((_owner(other), _owner(name)), (other, name, port, field, setting))
             else:
                 taken[port] = name
             ports[name] = port
-            field_of[name] = field
 
     for name, (var, port) in router.items():
         if isinstance(port, int):
-            take({name: port}, var)
+            take({name: port}, var, (name, None))
     for inst in instances:  # the given ports first: they are not moved
         for key in _keys(inst):
             port = getattr(inst, key)
-            if isinstance(port, int):
-                if not 1024 <= port <= 65535:
-                    c.error(f"{inst.field}.{key}", port, "must be an unprivileged TCP port (1024-65535)",
-                            "choose a port in 1024-65535, or leave it out to have one allocated")
-                    continue
-                take(_reserved(inst, key, port), f"{inst.field}.{key}")
-    for inst in instances:
+            if not isinstance(port, int):
+                continue
+            top = 65535 - (DP_ATTENTION_OFFSETS[-1] if key == "port" and _dp_attention(inst) else 0)
+            if not 1024 <= port <= top:
+                why = (f" (with DP attention it also binds port+{DP_ATTENTION_OFFSETS[0]}.."
+                       f"+{DP_ATTENTION_OFFSETS[-1]})" if top < 65535 else "")
+                c.error(f"{inst.field}.{key}", port, f"must be an unprivileged TCP port (1024-{top}){why}",
+                        f"choose a port in 1024-{top}, or leave it out to have one allocated")
+                setattr(inst, key, None)
+                continue
+            take(_reserved(inst, key, port), f"{inst.field}.{key}", (f"{inst.id}.{key}", inst))
+    # Allocation: decode first, so that adding or removing a prefill (a DP-attention one
+    # included) never moves a decode's ports, and the re-deploy restarts only the prefills.
+    for inst in sorted(instances, key=lambda i: i.role != "decode"):
         for key in _keys(inst):
             if getattr(inst, key) is not None:
                 continue
@@ -91,11 +112,24 @@ def allocate(c: Any, instances: list[Instance], router: dict[str, Any]) -> dict[
             while any(p in taken for p in _reserved(inst, key, port).values()):
                 port += stride
             setattr(inst, key, port)
-            take(_reserved(inst, key, port), f"{inst.field}.{key}")
-    for (a, b), (field, port, names) in clashes.items():
-        who = f"{a} and {b} both need" if a != b else f"{a} needs twice"
-        c.error(field, port, f"{who} port {port} ({names}; with DP attention an instance also "
-                "binds its port+233..+239)",
-                "move one of them (an instance's HTTP ports at least 7 apart from another DP-attention "
-                "instance's), or leave the instance's ports out so the plan allocates them")
+            take(_reserved(inst, key, port), f"{inst.field}.{key}", (f"{inst.id}.{key}", inst))
+    for first, second, port, field, (setting, inst) in clashes.values():
+        value = ports[setting]
+        others = {p for p, n in taken.items() if n != setting and not n.startswith(setting + "+")}
+        key = setting.split(".")[1]
+        free = next((p for p in range(value + 1, 65536 - DP_ATTENTION_OFFSETS[-1])
+                     if not set((_reserved(inst, key, p) if inst else {setting: p}).values()) & others), None)
+        pair = f"{_label(second, ports)} and {_label(first, ports, _owner(first) != _owner(second))}"
+        if "+" in first + second:
+            rule = (f"{pair} overlap at port {port} (an instance with DP attention also binds its "
+                    f"port+{DP_ATTENTION_OFFSETS[0]}..+{DP_ATTENTION_OFFSETS[-1]})")
+        else:
+            rule = f"{pair} are both port {port}"
+        c.error(field, value, rule,
+                (f"set {field}: {free} (the nearest free port)" if free else f"move {field}")
+                + (", or leave the instances' ports out so the plan allocates them" if inst else ""))
     return ports
+
+
+def _dp_attention(inst: Instance) -> bool:
+    return isinstance(inst.attn_dp_size, int) and inst.attn_dp_size > 1
