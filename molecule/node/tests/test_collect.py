@@ -30,7 +30,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "instance")
 PREFIX = "sglang-pd"
-UNITS = [f"{PREFIX}-prefill.service", f"{PREFIX}-decode.service", f"{PREFIX}-router.service"]
+UNITS = [f"{PREFIX}-prefill-0.service", f"{PREFIX}-decode-0.service", f"{PREFIX}-router.service"]
 KEY_FILES = {"API key": "/etc/sglang-pd/api-key", "admin key": "/etc/sglang-pd/router-admin-key"}
 BUDGET_S = 30.0
 

@@ -29,7 +29,7 @@ CALLBACKS = REPO / "molecule" / "node" / "plugins" / "callback"
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "instance")
 PREFIX = "sglang-pd"
 CFG = "/etc/sglang-pd"
-ROLES = ["prefill", "decode", "router"]
+SERVICES = ["prefill-0", "decode-0", "router"]  # the demo description's service ids
 KEY_FILE = "molecule/node/files/test-api-key"
 
 # One boundary per kind of interruption (the name is the task that then never starts):
@@ -41,7 +41,7 @@ KILL_BEFORE = [
     "sglang : Tell the services whether the release changed",
     "pd_services : Make the router's admin key on the host when it has none",
     "pd_services : Apply unit changes before starting",
-    "handler: pd_services : Restart prefill",
+    "handler: pd_services : Restart the changed engines, one at a time",
     "handler: pd_services : Restart router",
     "handler: pd_services : Record what the restarted services run",
 ]
@@ -110,7 +110,7 @@ def set_key(tree: Path, value: str):
 STATE = r"""
 import glob, json, os, subprocess
 out = {}
-for role in %(roles)r:
+for role in %(roles)r:  # service ids
     unit = "%(prefix)s-" + role + ".service"
     show = dict(line.split("=", 1) for line in subprocess.run(
         ["systemctl", "show", "--timestamp=us+utc", "-p", "MainPID,ActiveState,ExecMainStartTimestamp,NeedDaemonReload", unit],
@@ -125,7 +125,7 @@ print(json.dumps(out))
 
 
 def service_state(host) -> dict:
-    code = STATE % {"roles": ROLES, "prefix": PREFIX, "cfg": CFG}
+    code = STATE % {"roles": SERVICES, "prefix": PREFIX, "cfg": CFG}
     b64 = base64.b64encode(code.encode()).decode()
     return json.loads(host.check_output(f"echo {b64} | base64 -d | python3 -"))
 

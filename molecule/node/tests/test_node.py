@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 PREFIX = "sglang-pd"
-UNITS = [f"{PREFIX}-prefill.service", f"{PREFIX}-decode.service", f"{PREFIX}-router.service"]
+UNITS = [f"{PREFIX}-prefill-0.service", f"{PREFIX}-decode-0.service", f"{PREFIX}-router.service"]
 ROUTER = "http://127.0.0.1:8000"
 # The scenario's test key (molecule/node/host_vars/instance.yml), not a secret.
 KEY = (REPO / "molecule" / "node" / "files" / "test-api-key").read_text().strip()
@@ -62,7 +62,7 @@ def test_port_bound_on_intended_address(host, port, addr):
 
 def test_router_ordered_after_both_workers(host):
     after = host.check_output(f"systemctl show -p After --value {PREFIX}-router.service").split()
-    assert f"{PREFIX}-prefill.service" in after and f"{PREFIX}-decode.service" in after
+    assert UNITS[0] in after and UNITS[1] in after
     started = {u: int(host.check_output(f"systemctl show -p ExecMainStartTimestampMonotonic --value {u}"))
                for u in UNITS}
     assert started[UNITS[2]] > started[UNITS[0]] and started[UNITS[2]] > started[UNITS[1]]
@@ -210,7 +210,7 @@ def _wait_serving(host, deadline_s=60):
 
 @pytest.mark.parametrize("role", ["decode", "prefill", "router"])
 def test_kill_9_recovers(host, role):
-    unit = f"{PREFIX}-{role}.service"
+    unit = {"prefill": UNITS[0], "decode": UNITS[1], "router": UNITS[2]}[role]
     old = host.check_output(f"systemctl show -p MainPID --value {unit}")
     old_decode = host.check_output(f"systemctl show -p MainPID --value {UNITS[1]}")
     host.check_output(f"kill -9 {old}")
@@ -223,7 +223,7 @@ def test_kill_9_recovers(host, role):
 
 
 def test_prefill_restart_restarts_decode(host):
-    """Decision (docs/decisions.md): decode is PartOf prefill and restarts with it."""
+    """Decision (docs/decisions.md): with one prefill, decode is PartOf it and restarts with it."""
     before = host.check_output(f"systemctl show -p ExecMainStartTimestampMonotonic --value {UNITS[1]}")
     host.check_output(f"systemctl restart {UNITS[0]}")
     after = host.check_output(f"systemctl show -p ExecMainStartTimestampMonotonic --value {UNITS[1]}")

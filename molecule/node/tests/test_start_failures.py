@@ -26,9 +26,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "instance")
 PREFIX = "sglang-pd"
-UNITS = [f"{PREFIX}-prefill.service", f"{PREFIX}-decode.service", f"{PREFIX}-router.service"]
+UNITS = [f"{PREFIX}-prefill-0.service", f"{PREFIX}-decode-0.service", f"{PREFIX}-router.service"]
 TARGET = f"{PREFIX}.target"
-DECODE_JSON = "/etc/sglang-pd/decode.json"
+DECODE_JSON = "/etc/sglang-pd/decode-0.json"
 KEY = (REPO / "molecule" / "node" / "files" / "test-api-key").read_text().strip()
 DROPIN = f"/etc/systemd/system/{UNITS[1]}.d/pdnode-test-fail.conf"
 WATCHDOG_S = 60  # pd_services_watchdog_s default
@@ -121,7 +121,7 @@ def test_foreign_listener_is_named_before_anything_restarts(host, inventory):
     out = r.stdout + r.stderr
     assert r.returncode != 0
     line = next((ln for ln in out.splitlines() if "port.30001=" in ln), "")
-    assert "pdnode_decode_port" in out and "http.server 30001" in out and "pdnode-test-squatter.service" in out, (
+    assert "decode-0.port" in out and "http.server 30001" in out and "pdnode-test-squatter.service" in out, (
         out[-3000:])
     assert line, out[-3000:]
     assert states == ["inactive"] * 3, f"something started before the port check failed: {states}"

@@ -75,6 +75,14 @@ options:
     description: Record these roles' current digests (after they restarted) and write nothing else.
     type: list
     elements: str
+  remove:
+    description:
+      - Files of services the plan no longer has (their units already stopped), removed
+        after the writes; a unit file or drop-in among them asks for a daemon-reload.
+      - Each must be absolute and may not be one of O(files).
+    type: list
+    elements: path
+    default: []
 author: pdnode
 """
 
@@ -223,6 +231,10 @@ def _write_records(applied_dir, digests):
     _fsync_dir(applied_dir)
 
 
+def _is_drop_in(path):
+    return os.path.dirname(path).endswith(".d")
+
+
 def _needs_daemon_reload(module, units):
     """systemd's own view: a unit file on disk newer than the loaded one (a run killed
     between the write and the daemon-reload leaves exactly that)."""
@@ -295,10 +307,15 @@ def main():
             }},
             "applied_dir": {"type": "path"},
             "record": {"type": "list", "elements": "str"},
+            "remove": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=True,
     )
     p = module.params
+    listed = {spec["path"] for spec in p["files"]}
+    bad = [path for path in p["remove"] if not os.path.isabs(path) or path in listed]
+    if bad:
+        module.fail_json(msg=f"remove: paths must be absolute and not among the files written: {bad}")
     for spec in p["files"]:
         if spec["secret"]:
             module.no_log_values.add(spec["content"])
@@ -350,6 +367,8 @@ def main():
         try:
             # 1. every candidate beside its destination (same file system: rename is atomic)
             for item in writes:
+                if item["spec"]["unit"] and _is_drop_in(item["path"]):
+                    os.makedirs(os.path.dirname(item["path"]), mode=0o755, exist_ok=True)
                 fd, item["tmp"] = tempfile.mkstemp(dir=os.path.dirname(item["path"]),
                                                    prefix=TMP_PREFIX, suffix=TMP_SUFFIX)
                 with os.fdopen(fd, "wb") as fh:
@@ -359,7 +378,7 @@ def main():
                 os.chown(item["tmp"], item["uid"], item["gid"])
                 os.chmod(item["tmp"], item["mode"])
             # 2. every validator; one failure and nothing is installed
-            unit_items = [item for item in writes if item["spec"]["unit"]]
+            unit_items = [item for item in writes if item["spec"]["unit"] and not _is_drop_in(item["path"])]
             if unit_items:
                 unit_dir = tempfile.mkdtemp(prefix="pdnode-units-")
                 for item in unit_items:
@@ -389,9 +408,18 @@ def main():
         digests = _digests(sources, roles)
         restart = [r for r in roles if _applied(p["applied_dir"], r) != digests[r]]
 
-    reload_ = any(item["spec"]["unit"] for item in writes) or _needs_daemon_reload(
-        module, [os.path.basename(item["path"]) for item in plan if item["spec"]["unit"]])
-    changed_paths = [item["path"] for item in plan if item["write"]]
+    removed = [path for path in p["remove"] if os.path.lexists(path)]
+    if removed and not module.check_mode:
+        for path in removed:
+            os.unlink(path)
+            parent = os.path.dirname(path)
+            if _is_drop_in(path) and not os.listdir(parent):
+                os.rmdir(parent)
+    reload_ = any(item["spec"]["unit"] for item in writes) or any(
+        path.startswith("/etc/systemd/system/") for path in removed) or _needs_daemon_reload(
+        module, [os.path.basename(item["path"]) for item in plan
+                 if item["spec"]["unit"] and not _is_drop_in(item["path"])])
+    changed_paths = [item["path"] for item in plan if item["write"]] + removed
     module.exit_json(changed=bool(changed_paths or restart or reload_), changed_paths=changed_paths,
                      restart_roles=restart, daemon_reload=reload_, recorded=[], diff=diffs)
 
