@@ -12,6 +12,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from . import instances as inst_rules
@@ -37,6 +38,8 @@ OWNED_ROUTER_ARGS = {
     "cb_timeout_duration_secs": "pdnode_router_circuit_open_s",
     "api_key": "(a secret file, never a variable)",
 }
+# Controller paths in the description are relative to the repository root.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 _IB_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -285,6 +288,7 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
             inst_rules.check(c, inst, v["pdnode_gpu_count"], kind, known)
             engines.append(inst)
     inst_rules.check_shared_gpus(c, engines)
+    _check_capacity(c, v, engines, skip)
     ib_map = _check_transfer(c, v["pdnode_transfer_backend"], v["pdnode_ib_devices"],
                              sorted({g for i in engines for g in i.gpus}))
     _check_thresholds(c, v["pdnode_verify_thresholds"])
@@ -302,6 +306,28 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
     if c.problems:
         raise PlanError(c.problems)
     return _derive(v, engines, ib_map, ports, c.warnings, host)
+
+
+def _check_capacity(c: _Checker, v: dict[str, Any], engines: list[Instance], skip: set[str]) -> None:
+    """Do the weights fit each instance's GPUs (with KV room)? Only when the inventory
+    says how big they are (pdnode_model_weights_gb or pdnode_model_controller_path)."""
+    from . import capacity  # reads files only when a controller path is set
+
+    if {"pdnode_model_weights_gb", "pdnode_model_controller_path"} & skip:
+        return
+    try:
+        found = capacity.weight_bytes(v, REPO_ROOT)
+    except capacity.WeightsError as exc:
+        c.error(exc.field, exc.value, exc.rule, exc.fix)
+        return
+    if found is None:
+        return
+    described = [{"field": i.field, "id": i.id, "tp_size": i.tp_size, "dp_size": i.dp_size, "gpus": i.gpus,
+                  "mem_fraction_static": i.mem_fraction_static}
+                 for i in engines if isinstance(i.tp_size, int) and isinstance(i.mem_fraction_static, float)]
+    count = v["pdnode_gpu_count"] if isinstance(v["pdnode_gpu_count"], int) else None
+    for f in capacity.check_instances(described, v["pdnode_gpu_model"], found[0], found[1], count):
+        (c.error if f.severity == "error" else c.warn)(f.field, f.value, f.rule, f.fix)
 
 
 def _check_router(c: _Checker, v: dict[str, Any]) -> None:
