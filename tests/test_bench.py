@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -382,15 +384,19 @@ def _status(url: str) -> int:
 
 
 @contextlib.contextmanager
-def local_node(tmp: Path) -> Iterator[Path]:
+def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     """A 2-prefill + 1-decode node on 127.0.0.1 started from the plan of an inventory with
-    ansible_connection: local (so `pdnode bench` reads the counters directly). Yields the
-    inventory directory."""
+    ansible_connection: local (so `pdnode bench` reads the counters directly). Its release
+    virtualenv (install.venv, under a private pdnode_install_root) is this Python's, so
+    playbooks/bench.yml finds pdnode there. Yields (inventory directory, plan)."""
     from pdnode.inventory import load_inventory
     from pdnode.plan import build_plan
 
     model = tmp / "model"
     model.mkdir()
+    # the plan refuses an install root under /tmp (a system directory); the repository's .cache is not one
+    (REPO / ".cache").mkdir(exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="test-bench-", dir=REPO / ".cache")) / "root"
     (model / "config.json").write_text((REPO / "playbooks/files/demo-moe/config.json").read_text())
     p0, b0, p1, b1, d0, router, metrics, n0, n1, n2 = _free_ports(10)
     inv = tmp / "inv"
@@ -401,6 +407,7 @@ def local_node(tmp: Path) -> Iterator[Path]:
         "pdnode_model_path": str(model), "pdnode_model_served_name": "demo-moe", "pdnode_model_kind": "moe_mla",
         "pdnode_transfer_backend": "mooncake_tcp", "pdnode_router_host": "127.0.0.1", "pdnode_router_port": router,
         "pdnode_router_metrics_port": metrics, "pdnode_sim_decode_ms_per_token": 2.0,
+        "pdnode_install_root": str(root),
         "pdnode_sim_prefill_ms_per_token": 0.01, "pdnode_sim_startup_s": 0.0,
         "pdnode_prefill_instances": [{"gpus": [0, 1], "port": p0, "bootstrap_port": b0, "nccl_port": n0},
                                      {"gpus": [2, 3], "port": p1, "bootstrap_port": b1, "nccl_port": n1}],
@@ -409,6 +416,9 @@ def local_node(tmp: Path) -> Iterator[Path]:
     }))
     hv = load_inventory(str(inv), None)
     plan = build_plan(hv.variables, hv.host).as_dict()
+    venv = Path(plan["install"]["venv"])
+    venv.parent.mkdir(parents=True)
+    venv.symlink_to(sys.prefix)  # the project's .venv: pdnode, prometheus_client, Ansible
     env = {**os.environ, "PYTHONPATH": str(REPO / "scripts"), "PYTHONUNBUFFERED": "1", "NO_COLOR": "1",
            "PDNODE_SIM_KV_POOL_MB": "64", "PDNODE_SIM_KV_BYTES_PER_TOKEN": "4096"}
     procs: list[subprocess.Popen[bytes]] = []
@@ -433,7 +443,7 @@ def local_node(tmp: Path) -> Iterator[Path]:
                 tails = "\n".join(f"--- {f.name}\n" + Path(f.name).read_text(errors="replace")[-1500:] for f in logs)
                 pytest.fail(f"the local node did not come up (exited: {dead})\n{tails}")
             time.sleep(0.2)
-        yield inv
+        yield inv, plan
     finally:
         for p in procs:
             if p.poll() is None:
@@ -446,20 +456,28 @@ def local_node(tmp: Path) -> Iterator[Path]:
                 p.wait()
         for f in logs:
             f.close()
+        shutil.rmtree(root.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
+    with local_node(tmp_path_factory.mktemp("bench-node")) as started:
+        yield started
 
 
 @pytest.mark.integration
-def test_bench_through_the_real_router_agrees_with_the_engines_counters(tmp_path: Path) -> None:
-    with local_node(tmp_path) as inv:
-        out = tmp_path / "report.json"
-        t0 = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-m", "pdnode.cli", "bench", str(inv), "--json", "--out", str(out),
-             "--requests", "24", "--concurrency", "4", "--input-len", "200", "--output-len", "12",
-             "--range-ratio", "0.5", "--warmup", "2"],
-            capture_output=True, text=True, timeout=600, cwd=REPO,
-            env=dict(os.environ, PYTHONPATH=str(REPO / "scripts")))
-        took = time.monotonic() - t0
+def test_bench_through_the_real_router_agrees_with_the_engines_counters(
+        node: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    inv, _ = node
+    out = tmp_path / "report.json"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdnode.cli", "bench", str(inv), "--json", "--out", str(out),
+         "--requests", "24", "--concurrency", "4", "--input-len", "200", "--output-len", "12",
+         "--range-ratio", "0.5", "--warmup", "2"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO / "scripts")))
+    took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
     rep = json.loads(proc.stdout)
     assert json.loads(out.read_text()) == rep
@@ -485,6 +503,27 @@ def test_bench_through_the_real_router_agrees_with_the_engines_counters(tmp_path
     assert "running sglang.bench_serving" in proc.stderr
     print(f"pdnode bench (24 requests, local 2P1D stand-in node): {took:.1f} s wall; "
           f"{res['request_throughput']:.1f} req/s, TTFT p50 {res['ttft_s']['p50'] * 1000:.1f} ms")
+
+
+@pytest.mark.integration
+def test_the_playbook_reads_every_engines_counters_on_the_host(node: tuple[Path, dict[str, Any]],
+                                                               tmp_path: Path) -> None:
+    inv, plan = node
+    ansible_playbook = Path(sys.executable).parent / "ansible-playbook"
+    extra = {"bench_counters_dir": str(tmp_path), "ansible_python_interpreter": sys.executable,
+             "ansible_become": False}  # this machine is the node here, and needs no sudo
+    proc = subprocess.run([str(ansible_playbook), str(REPO / "playbooks" / "bench.yml"), "-i", str(inv),
+                           "-e", json.dumps(extra)], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "changed=0" in proc.stdout
+    got = json.loads((tmp_path / "benchnode.json").read_text())
+    direct = bench_counters.snapshot(plan)  # nothing is sent in between: the same values
+    assert got["schema"] == bench_counters.SCHEMA and sorted(got["instances"]) == ["decode-0", "prefill-0", "prefill-1"]
+    for iid, inst in got["instances"].items():
+        assert inst["error"] is None, inst
+        assert inst["counters"] == direct["instances"][iid]["counters"]
+        assert sum(v for _, v in inst["counters"]["sglang:num_requests_total"]) > 0
 
 
 @pytest.mark.integration
