@@ -21,18 +21,11 @@ for p in (HERE, HERE.parent / "standin"):
 
 
 def minimal_plan(router_port: int = 1, **settings: Any) -> dict[str, Any]:
-    """The parts of Plan.as_dict() the verifier reads."""
-    return {
-        "host": "test",
-        "prefill": {"host": "127.0.0.1", "port": 2, "disaggregation_bootstrap_port": 3, "tp_size": 4,
-                    "served_model_name": "m", "disaggregation_mode": "prefill"},
-        "decode": {"host": "127.0.0.1", "port": 4, "tp_size": 4, "attn_dp_size": 4, "served_model_name": "m"},
-        "router": {"host": "127.0.0.1", "port": router_port, "prometheus_host": "127.0.0.1", "prometheus_port": 5,
-                   "prefill": [["http://127.0.0.1:2", 3]], "decode": ["http://127.0.0.1:4"]},
-        "install": {"unit_prefill": "x-prefill.service", "unit_decode": "x-decode.service",
-                    "unit_router": "x-router.service"},
-        "settings": {"pdnode_verify_timeout_s": 5, "pdnode_verify_max_tokens": 4, **settings},
-    }
+    """The parts of Plan.as_dict() the verifier reads: prefill-0 (port 2, bootstrap 3),
+    decode-0 (port 4), the router on ROUTER_PORT (metrics on 5)."""
+    from nodeplan import contract_plan
+
+    return contract_plan(router_port, **settings)
 
 
 Handler = Callable[[BaseHTTPRequestHandler, dict | None], tuple[int, Any]]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import chat_answer, fake_server, minimal_plan
-from pdnode.verify.checks import FAIL, NA, PASS, Ctx, check_router
+from pdnode.verify.base import FAIL, NA, PASS, Ctx
+from pdnode.verify.checks_router import check_router
 from pdnode.verify.config import build_run
 from pdnode.verify.engine import verify
 from pdnode.verify.report import to_json, to_table
@@ -54,7 +55,7 @@ def router(chat_status: int = 200, readiness_body: bytes | None = None):
 
 def _run(base: str, metrics_url: str | None = None, **settings):
     plan = minimal_plan(**settings)
-    plan["router"]["cb_timeout_duration_secs"] = 5
+    plan["services"]["router"]["args"]["cb_timeout_duration_secs"] = 5
     return build_run(plan, router_url=base, base_url=base, router_metrics_url=metrics_url, env={}, skip_burst=True)
 
 
@@ -112,7 +113,7 @@ def test_binary_and_ansi_bytes_from_an_endpoint_are_escaped_in_the_report():
 def test_a_loopback_node_address_is_not_on_node_mode():
     run = build_run(minimal_plan(), node_address="127.0.0.1", env={})  # e.g. a tunnel from the controller
     assert not run.targets.on_node
-    assert run.targets.prefill_url is None and run.targets.bootstrap_url is None
+    assert all(i.url is None and i.bootstrap_url is None for i in run.targets.instances)
     assert run.targets.router_metrics_url is None and run.targets.router_url == "http://127.0.0.1:1"
     assert build_run(minimal_plan(), node_address="127.0.0.1", env={}, on_node=True).targets.on_node
 
@@ -136,10 +137,11 @@ def _targets(argv: list[str]) -> dict:
 def test_inventory_entry_with_loopback_address_is_remote(tmp_path):
     inv = _inventory(tmp_path, ansible_host="192.0.2.10", ansible_user="ops")
     t = _targets(["-m", "pdnode.cli", "verify", str(inv), "--node-address", "127.0.0.1", "--json", "--timeout", "1"])
-    assert t["on_node"] is False and t["prefill_url"] is None and t["router_url"].startswith("http://127.0.0.1:")
+    assert t["on_node"] is False and t["instances"]["prefill-0"]["url"] is None
+    assert t["router_url"].startswith("http://127.0.0.1:")
     t = _targets(["-m", "pdnode.cli", "verify", str(inv), "--node-address", "127.0.0.1", "--on-node", "--json",
                   "--timeout", "1"])
-    assert t["on_node"] is True and t["prefill_url"].startswith("http://127.0.0.1:")
+    assert t["on_node"] is True and t["instances"]["prefill-0"]["url"].startswith("http://127.0.0.1:")
     local = _inventory(tmp_path / "l", ansible_connection="local")
     assert _targets(["-m", "pdnode.cli", "verify", str(local), "--json", "--timeout", "1"])["on_node"] is True
 
@@ -149,12 +151,12 @@ def test_plan_entry_is_the_node_unless_remote(tmp_path):
     plan.write_text(json.dumps(minimal_plan()))
     assert _targets(["-m", "pdnode.verify", "--plan", str(plan), "--json", "--timeout", "1"])["on_node"] is True
     t = _targets(["-m", "pdnode.verify", "--plan", str(plan), "--remote", "--json", "--timeout", "1"])
-    assert t["on_node"] is False and t["prefill_url"] is None
+    assert t["on_node"] is False and t["instances"]["prefill-0"]["url"] is None
 
 
 def test_remote_services_check_is_not_applicable():
     ctx = Ctx(build_run(minimal_plan(), node_address="127.0.0.1", env={}))
-    from pdnode.verify.checks import check_services
+    from pdnode.verify.checks_services import check_services
 
     assert check_services(ctx).status == NA
 

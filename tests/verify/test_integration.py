@@ -54,7 +54,7 @@ def node(tmp_path_factory):
     d = tmp_path_factory.mktemp("node")
     # the router as the plan starts it: admin key, and the plan's circuit-breaker timeout
     router_args = [*control_plane_args(ADMIN_KEY), "--cb-timeout-duration-secs",
-                   str(plan_for_node_defaults()["router"]["cb_timeout_duration_secs"])]
+                   str(plan_for_node_defaults()["services"]["router"]["args"]["cb_timeout_duration_secs"])]
     with standin_node(d, api_key=KEY, env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "1"},
                       router_args=router_args) as n:
         TIMINGS["node_start_s"] = round(n.started_s, 2)
@@ -129,6 +129,10 @@ def test_healthy_node_passes(node, plan, key_file):
     assert all(c.status == "PASS" for c in rep.checks if c.id != "services"), explain(rep)
     m = rep.measurements
     assert m["disaggregation"]["prefill_prompt_tokens"] > 0 and m["disaggregation"]["kv_transfers"] >= 3
+    # each instance's own proof: the pair the verifier sent a request to counted it
+    assert m["instances"]["prefill-0"]["partner"] == "decode-0" and m["instances"]["decode-0"]["partner"] == "prefill-0"
+    assert m["instances"]["prefill-0"]["counters"]["kv_transfers"] >= 1
+    assert m["instances"]["decode-0"]["counters"]["tokens"] >= 1
     assert set(m["thresholds"]) == set(THRESHOLDS) and all(t["ok"] for t in m["thresholds"].values())
     assert m["timing"]["without_burst_s"] <= 5.0, m["timing"]
 
@@ -169,7 +173,8 @@ def test_wrong_api_key(node, plan, tmp_path):
     assert rep.failed() == [checks["access"]], explain(rep)
     assert "HTTP 401" in checks["access"].evidence and "not the key the endpoint expects" in checks["access"].evidence
     assert "sk-not" not in checks["access"].evidence
-    assert checks["prefill"].status == "SKIP" and "API key was refused" in checks["prefill"].evidence
+    assert checks["prefill-0"].status == "SKIP" and "API key was refused" in checks["prefill-0"].evidence
+    assert checks["disaggregation.prefill-0"].evidence == "skipped: because the API key was refused (see access)"
     assert checks["completion"].evidence == "skipped: because the API key was refused (see access)"
 
 
@@ -199,9 +204,13 @@ def test_bootstrap_down(node, plan, key_file):
     with faults(node, "prefill", ["bootstrap_down"]):
         rep = run_verify(plan, key_file, "bootstrap_down", skip_burst=True)
     checks = by_id(rep)
-    assert rep.exit_code == 1 and checks["bootstrap"].status == "FAIL", explain(rep)
-    assert "connection refused" in checks["bootstrap"].evidence and "bootstrap server" in checks["bootstrap"].hint
-    assert checks["completion"].evidence == "skipped: because bootstrap failed"
+    boot = checks["bootstrap.prefill-0"]
+    assert rep.exit_code == 1 and boot.status == "FAIL", explain(rep)
+    assert "connection refused" in boot.evidence and "bootstrap server" in boot.hint and "prefill-0" in boot.evidence
+    assert checks["completion"].evidence == "skipped: because bootstrap.prefill-0 failed"
+    # decode-0's only partner is down: its own proof cannot be made, which says so
+    assert checks["disaggregation.decode-0"].evidence == \
+        "skipped: because no prefill instance passed its checks (prefill-0)"
     assert checks["access"].status == "SKIP"
     _wait_ok(node.bootstrap_url + "/health")
 
@@ -226,7 +235,7 @@ def test_metric_renamed(node, plan, key_file):
     checks = by_id(rep)
     assert rep.exit_code == 1 and rep.failed() == [checks["metrics"]], explain(rep)
     ev = checks["metrics"].evidence
-    assert "decode lacks sglang:e2e_request_latency_seconds (needed by threshold e2e_p99_max_s)" in ev
+    assert "decode-0 lacks sglang:e2e_request_latency_seconds (needed by threshold e2e_p99_max_s)" in ev
     assert "sglang:request_e2e_latency_seconds" in ev
     assert checks["threshold.e2e_p99_max_s"].status == "SKIP"
     assert checks["threshold.itl_p50_max_s"].status == "PASS"
@@ -239,7 +248,8 @@ def test_decode_slow_breaks_itl(node, plan, key_file):
     assert rep.exit_code == 1 and checks["threshold.itl_p50_max_s"].status == "FAIL", explain(rep)
     assert "> 20.0 ms (limit)" in checks["threshold.itl_p50_max_s"].evidence
     assert "decode is slow" in checks["threshold.itl_p50_max_s"].hint
-    assert all(checks[k].status == "PASS" for k in ("bootstrap", "prefill", "decode", "router", "completion",
+    assert all(checks[k].status == "PASS" for k in ("bootstrap.prefill-0", "prefill-0", "decode-0", "router",
+                                                    "completion", "disaggregation.prefill-0", "disaggregation.decode-0",
                                                     "disaggregation", "metrics", "burst"))
 
 
@@ -248,7 +258,10 @@ def test_transfer_stalled(node, plan, key_file):
         rep = run_verify(plan, key_file, "transfer_stall", skip_burst=True)
     checks = by_id(rep)
     assert rep.exit_code == 1, explain(rep)
-    assert checks["disaggregation"].status == "FAIL" and "KV transfers failed" in checks["disaggregation"].evidence
+    assert checks["disaggregation"].status == "FAIL" and "KV transfers failed on prefill-0" in \
+        checks["disaggregation"].evidence
+    # the hand-off the verifier sends the pair itself stalls too: both instances' proofs fail
+    assert checks["disaggregation.prefill-0"].status == "FAIL", explain(rep)
     assert "WAITING_TIMEOUT" in checks["disaggregation"].hint
     assert checks["completion"].status == "FAIL" and "did not reach decode" in checks["completion"].hint
     # a second run finds the router's circuit breaker open (a real 0.3.2 behaviour): the
@@ -259,7 +272,7 @@ def test_transfer_stalled(node, plan, key_file):
     assert c2["router"].status == "PASS", explain(rep2)
     assert "circuit breaker not closed for" in c2["router"].evidence, explain(rep2)
     if c2["completion"].status == "FAIL":
-        secs = plan["router"]["cb_timeout_duration_secs"]
+        secs = plan["services"]["router"]["args"]["cb_timeout_duration_secs"]
         assert f"for {secs} s (cb_timeout_duration_secs in the plan" in c2["completion"].hint, explain(rep2)
 
 
@@ -269,6 +282,6 @@ def test_decode_stopped(node, plan, key_file):
     proc.wait(10)
     rep = run_verify(plan, key_file, "decode_stopped", skip_burst=True)
     checks = by_id(rep)
-    assert rep.exit_code == 1 and checks["decode"].status == "FAIL", explain(rep)
-    assert "connection refused" in checks["decode"].evidence and "decode is not running" in checks["decode"].hint
-    assert checks["completion"].evidence == "skipped: because decode failed"
+    assert rep.exit_code == 1 and checks["decode-0"].status == "FAIL", explain(rep)
+    assert "connection refused" in checks["decode-0"].evidence and "decode-0 is not running" in checks["decode-0"].hint
+    assert checks["completion"].evidence == "skipped: because decode-0 failed"

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from pdnode.verify import metrics as pm
-from pdnode.verify.checks import threshold_value
+from pdnode.verify.checks_load import threshold_value
 
 
 @pytest.fixture
@@ -35,6 +35,14 @@ def test_counter_delta(decode, prefill):
     assert pm.counter_delta(*decode, "sglang:generation_tokens_total") == 32.0  # 36 - 4: 4 requests x 8
     assert pm.counter_delta(*prefill, "sglang:prompt_tokens_total") == 460.0  # 474 - 14
     assert pm.counter_delta(*decode, "sglang:absent_total") is None
+
+
+def test_a_declared_counter_without_series_rose_by_zero():
+    declared = pm.parse("# TYPE sglang:num_requests counter\n")  # an engine that served nothing yet
+    assert pm.counter_delta(declared, declared, "sglang:num_requests_total") is None
+    assert pm.counter_rise(declared, declared, "sglang:num_requests_total") == 0
+    assert pm.counter_rise(declared, pm.parse("sglang:num_requests_total 2\n"), "sglang:num_requests_total") == 2
+    assert pm.counter_rise(declared, declared, "sglang:absent_total") is None  # not declared: missing
 
 
 def test_counter_reset_counts_the_new_value():
@@ -77,22 +85,58 @@ def test_histogram_quantile_like_prometheus():
     assert pm.histogram_quantile(0.5, {1.0: 4, 2.0: 3, math.inf: 4}) == pytest.approx(0.5)
 
 
+ROLES = {"prefill-0": "prefill", "decode-0": "decode"}
+
+
 def test_thresholds_from_snapshots(decode, prefill):
-    before = {"decode": decode[0], "prefill": prefill[0]}
-    after = {"decode": decode[1], "prefill": prefill[1]}
-    assert threshold_value("itl_p50_max_s", before, after, 2.0)[0] == pytest.approx(0.002 + 0.002 * 14 / 24)
-    assert threshold_value("ttft_p99_max_s", before, after, 2.0)[0] == pytest.approx(0.099)
-    assert threshold_value("decode_throughput_min_tok_s", before, after, 2.0)[0] == pytest.approx(16.0)  # 32/2
-    speed, how = threshold_value("kv_transfer_speed_min_gb_s", before, after, 2.0)
+    before = {"decode-0": decode[0], "prefill-0": prefill[0]}
+    after = {"decode-0": decode[1], "prefill-0": prefill[1]}
+    assert threshold_value("itl_p50_max_s", before, after, 2.0, ROLES)[0] == pytest.approx(0.002 + 0.002 * 14 / 24)
+    assert threshold_value("ttft_p99_max_s", before, after, 2.0, ROLES)[0] == pytest.approx(0.099)
+    assert threshold_value("decode_throughput_min_tok_s", before, after, 2.0, ROLES)[0] == pytest.approx(16.0)  # 32/2
+    speed, how = threshold_value("kv_transfer_speed_min_gb_s", before, after, 2.0, ROLES)
     # (sum after - sum before) / (count after - count before)
     assert speed == pytest.approx((0.6009386787958984 - 0.009015505286285438) / 4)
     assert "mean of 4 transfers" in how
 
 
+def test_thresholds_sum_the_instances_of_a_role(decode):
+    """Two decodes: the second served nothing during the burst, the first the captured
+    requests. The quantile is the one of ALL requests (the same numbers as one decode),
+    the throughput counts both: nothing is averaged per instance."""
+    idle = decode[1]  # an instance whose counters did not move: after == before
+    before = {"decode-0": decode[0], "decode-1": idle}
+    after = {"decode-0": decode[1], "decode-1": idle}
+    roles = {"decode-0": "decode", "decode-1": "decode"}
+    value, how = threshold_value("itl_p50_max_s", before, after, 2.0, roles)
+    assert value == pytest.approx(0.002 + 0.002 * 14 / 24) and "decode-0, decode-1 summed" in how
+    # both busy: twice the observations, the same distribution, the same p50; twice the tokens
+    both_b = {"decode-0": decode[0], "decode-1": decode[0]}
+    both_a = {"decode-0": decode[1], "decode-1": decode[1]}
+    assert threshold_value("itl_p50_max_s", both_b, both_a, 2.0, roles)[0] == pytest.approx(0.002 + 0.002 * 14 / 24)
+    assert "p50 of 56 observations" in threshold_value("itl_p50_max_s", both_b, both_a, 2.0, roles)[1]
+    assert threshold_value("decode_throughput_min_tok_s", both_b, both_a, 2.0, roles)[0] == pytest.approx(32.0)
+    # one decode unreadable: no value, and which one says why
+    value, how = threshold_value("itl_p50_max_s", {**before, "decode-1": "refused"}, after, 2.0, roles)
+    assert value is None and how == "decode-1 metrics unreadable"
+
+
+def test_merge_keeps_instances_apart():
+    a = pm.parse('# TYPE c counter\nc_total{x="1"} 5\n')
+    b = pm.parse('# TYPE c counter\nc_total{x="1"} 7\n')
+    merged = pm.merge({"prefill-0": a, "prefill-1": b})
+    assert merged.total("c_total") == 12 and len(merged.series("c_total")) == 2
+    assert merged.total("c_total", {"pdnode_instance": "prefill-1"}) == 7
+    # a reset on one instance counts its new value only, the other's increase as usual
+    later = pm.merge({"prefill-0": pm.parse('c_total{x="1"} 2\n'), "prefill-1": pm.parse('c_total{x="1"} 9\n')})
+    assert pm.counter_delta(merged, later, "c_total") == 2 + 2
+
+
 def test_kv_speed_as_a_gauge():
     before = pm.parse("# TYPE sglang:kv_transfer_speed_gb_s gauge\nsglang:kv_transfer_speed_gb_s{tp_rank=\"0\"} 1\n")
     after = pm.parse("# TYPE sglang:kv_transfer_speed_gb_s gauge\nsglang:kv_transfer_speed_gb_s{tp_rank=\"0\"} 3.5\n")
-    value, how = threshold_value("kv_transfer_speed_min_gb_s", {"prefill": before}, {"prefill": after}, 1.0)
+    value, how = threshold_value("kv_transfer_speed_min_gb_s", {"prefill-0": before}, {"prefill-0": after}, 1.0,
+                                 {"prefill-0": "prefill"})
     assert value == 3.5 and "gauge" in how
 
 

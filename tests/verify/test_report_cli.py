@@ -74,20 +74,24 @@ def test_table_and_summary_lines():
 
 def test_gate_skips_and_propagates_the_cause():
     checks = {c.id: c for c in all_checks(build_run(minimal_plan(), env={}, on_node=True))}
-    res = {"bootstrap": CheckResult("bootstrap", "", FAIL, "", "", 0), "prefill": CheckResult("prefill", "", PASS, "", "", 0),
-           "decode": CheckResult("decode", "", PASS, "", "", 0), "router": CheckResult("router", "", PASS, "", "", 0),
-           "access": CheckResult("access", "", SKIP, "", "", 0, "bootstrap failed")}
+    res = {"bootstrap.prefill-0": CheckResult("bootstrap.prefill-0", "", FAIL, "", "", 0),
+           "prefill-0": CheckResult("prefill-0", "", PASS, "", "", 0),
+           "decode-0": CheckResult("decode-0", "", PASS, "", "", 0), "router": CheckResult("router", "", PASS, "", "", 0),
+           "access": CheckResult("access", "", SKIP, "", "", 0, "bootstrap.prefill-0 failed")}
     g = gate(checks["completion"], res)
-    assert g.status == SKIP and g.evidence == "skipped: because bootstrap failed"
-    res["completion"] = CheckResult("completion", "", SKIP, "", "", 0, "bootstrap failed")
-    assert gate(checks["burst"], res).evidence == "skipped: because bootstrap failed"
+    assert g.status == SKIP and g.evidence == "skipped: because bootstrap.prefill-0 failed"
+    res["completion"] = CheckResult("completion", "", SKIP, "", "", 0, "bootstrap.prefill-0 failed")
+    assert gate(checks["burst"], res).evidence == "skipped: because bootstrap.prefill-0 failed"
+    # the instance's own proof needs its bootstrap server, not the router's completions
+    assert gate(checks["disaggregation.prefill-0"], res).evidence == "skipped: because bootstrap.prefill-0 failed"
+    assert gate(checks["disaggregation.decode-0"], res) is None
     res["completion"] = CheckResult("completion", "", FAIL, "", "", 0)
     assert gate(checks["disaggregation"], res) is None  # explains a failed completion
     res["router"] = CheckResult("router", "", WARN, "", "", 0)
-    res["bootstrap"] = CheckResult("bootstrap", "", PASS, "", "", 0)
+    res["bootstrap.prefill-0"] = CheckResult("bootstrap.prefill-0", "", PASS, "", "", 0)
     res["access"] = CheckResult("access", "", PASS, "", "", 0)
     assert gate(checks["completion"], res) is None  # a warning lets dependants run
-    res["decode"] = CheckResult("decode", "", NA, "remote", "", 0)
+    res["decode-0"] = CheckResult("decode-0", "", NA, "remote", "", 0)
     assert gate(checks["disaggregation"], res).status == NA
     assert isinstance(gate(checks["metrics"], res), Result)
 
@@ -95,7 +99,8 @@ def test_gate_skips_and_propagates_the_cause():
 def test_unreachable_node_exits_2():
     port = free_port()
     run = build_run(minimal_plan(router_port=port), env={}, prefill_url=f"http://127.0.0.1:{free_port()}",
-                    decode_url=f"http://127.0.0.1:{free_port()}", bootstrap_url=f"http://127.0.0.1:{free_port()}")
+                    instance_urls=[f"decode-0=http://127.0.0.1:{free_port()}"],
+                    bootstrap_urls=[f"http://127.0.0.1:{free_port()}"])
     rep = verify(run)
     assert rep.exit_code == 2 and "node unreachable" in rep.error and "connection refused" in rep.error
     assert all(c.status == SKIP for c in rep.checks)
@@ -139,5 +144,7 @@ def test_inventory_entry(tmp_path):
 
 def test_remote_targets_are_not_applicable():
     run = build_run(minimal_plan(), node_address="192.0.2.10", env={})  # TEST-NET: never local
-    assert not run.targets.on_node and run.targets.prefill_url is None and run.targets.router_metrics_url is None
+    assert not run.targets.on_node and run.targets.router_metrics_url is None
+    assert [(i.id, i.url, i.bootstrap_url) for i in run.targets.instances] == [("prefill-0", None, None),
+                                                                                ("decode-0", None, None)]
     assert run.targets.router_url == "http://192.0.2.10:1"

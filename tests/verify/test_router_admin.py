@@ -45,7 +45,7 @@ def launched_node(d: Path, client_key: str | None) -> Iterator[Any]:
 
     with standin_node(d, api_key=client_key, router=False) as node:
         plan = plan_for(node)
-        router = dict(plan["router"], worker_startup_check_interval=1, shutdown_grace_period_secs=1)
+        router = dict(plan["services"]["router"]["args"], worker_startup_check_interval=1, shutdown_grace_period_secs=1)
         (d / "router.json").write_text(json.dumps(router))
         argv = [sys.executable, "-m", "pdnode.router_launch", str(d / "router.json"),
                 "--admin-key-file", _key(d, "router-admin-key", ADMIN)]
@@ -190,7 +190,7 @@ def test_verifier_reads_workers_with_the_admin_key(node, tmp_path):
     rep = verify(run)
     router = {c.id: c for c in rep.checks}["router"]
     assert rep.exit_code == 0 and router.status == "PASS", [(c.id, c.evidence) for c in rep.checks]
-    assert "/workers: 1 prefill" in router.evidence
+    assert "/workers: 1 prefill [prefill-0 " in router.evidence and "1 decode [decode-0 " in router.evidence
     # without the admin key: the worker list cannot be read, which is no failure
     rep = verify(build_run(node.plan, api_key_file=client, env={}, skip_burst=True, on_node=True))
     router = {c.id: c for c in rep.checks}["router"]

@@ -7,9 +7,10 @@ import time
 
 import pytest
 from conftest import minimal_plan
-from pdnode.verify import checks
+from pdnode.verify import checks_services
 from pdnode.verify import services as svc
-from pdnode.verify.checks import FAIL, PASS, WARN, Ctx, check_services
+from pdnode.verify.base import FAIL, PASS, WARN, Ctx
+from pdnode.verify.checks_services import check_services
 from pdnode.verify.config import build_run
 from pdnode.verify.services import judge, parse_show
 
@@ -90,7 +91,7 @@ def test_needs_second_look():
 
 # --- the check itself, with synthetic systemctl output --------------------------------
 class FakeSystemctl:
-    """systemctl show for three units; the decode unit's answers follow `decode` (one per read)."""
+    """systemctl show for every unit of the plan; decode-0's unit answers follow `decode` (one per read)."""
 
     def __init__(self, monkeypatch, decode: list[dict]):
         self.decode = decode
@@ -99,13 +100,13 @@ class FakeSystemctl:
         self.t0_us = int(time.monotonic() * 1e6)
         monkeypatch.setattr(svc, "systemctl_available", lambda: True)
         monkeypatch.setattr(svc, "show", self.show)
-        monkeypatch.setattr(checks.time, "sleep", self.sleep)
+        monkeypatch.setattr(checks_services.time, "sleep", self.sleep)
 
     def sleep(self, s: float) -> None:
         self.slept += s
 
     def show(self, unit: str, timeout_s: float = 5.0) -> str:
-        if unit != "x-decode.service":
+        if unit != "x-decode-0.service":
             return SHOW.format(active="active", sub="running", result="success", restarts=0,
                                mono=self.t0_us - 3_600_000_000, status=0).replace("sglang-pd-decode", unit[:-8])
         d = self.decode[min(self.reads, len(self.decode) - 1)]
@@ -114,7 +115,7 @@ class FakeSystemctl:
         mono = self.t0_us - int(d["up_s"] * 1e6) if self.reads == 1 or d["restarts"] != self.decode[0]["restarts"] \
             else self.t0_us - int(self.decode[0]["up_s"] * 1e6)
         return SHOW.format(active=d.get("active", "active"), sub=d.get("sub", "running"), result="success",
-                           restarts=d["restarts"], mono=mono, status=0).replace("sglang-pd-decode", "x-decode")
+                           restarts=d["restarts"], mono=mono, status=0).replace("sglang-pd-decode", "x-decode-0")
 
 
 def _ctx() -> Ctx:
@@ -126,7 +127,7 @@ def test_check_recovered_restart_warns_and_does_not_fail(monkeypatch):
     res = check_services(_ctx())
     assert res.status == WARN, res
     assert fake.reads == 2 and fake.slept == svc.OBSERVE_S  # watched, bounded
-    assert "x-decode.service: active/running, restarted 1 times, up again since" in res.evidence
+    assert "x-decode-0.service: active/running, restarted 1 times, up again since" in res.evidence
     assert "recovered, not a loop" in res.evidence
 
 

@@ -22,12 +22,13 @@ from collections.abc import Mapping, Sequence
 from .codes import EXIT_CANNOT_RUN, SCHEMA
 
 EPILOG = """\
-checks, in order: services, bootstrap, prefill, decode, router, proxy, access, completion,
-correctness, disaggregation, metrics, burst, threshold.* (docs/verification.md).
+checks, in order: services, bootstrap.<prefill>, <instance> (prefill-0, decode-0, ...), router, proxy,
+access, completion, correctness, disaggregation, disaggregation.<instance>, metrics, burst, threshold.*
+(docs/verification.md).
 exit codes: 0 no check failed, 1 a check failed, 2 could not run.
-URLs default to the plan: router http://<node>:<router port>; prefill, decode and the
-bootstrap server on the node's loopback (not applicable when run elsewhere: use the
---*-url options through a tunnel, or run on the node).
+URLs default to the plan: router http://<node>:<router port>; every engine instance and its bootstrap
+server on the node's loopback (not applicable when run elsewhere: pass --instance-url ID=URL and
+--bootstrap-url ID=URL through a tunnel, or run on the node).
 on the node: `python -m pdnode.verify --plan` (or --on-node); elsewhere: `pdnode verify` (or --remote).
 /workers is read with --admin-key-file (the router's control-plane key); the client key
 never reaches it."""
@@ -49,9 +50,14 @@ def add_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--base-url", help="OpenAI-compatible server root clients use, e.g. http://HOST:8000 or a "
                                       "gateway (default: the router); /v1/chat/completions is appended")
     g.add_argument("--router-url", help="router root for /readiness and /workers (default from the plan)")
-    g.add_argument("--prefill-url", help="prefill HTTP root, e.g. http://127.0.0.1:30000")
-    g.add_argument("--decode-url", help="decode HTTP root")
-    g.add_argument("--bootstrap-url", help="prefill bootstrap server root, e.g. http://127.0.0.1:8998")
+    g.add_argument("--instance-url", action="append", metavar="ID=URL",
+                   help="HTTP root of one engine instance, e.g. prefill-1=http://127.0.0.1:30010 (repeat per "
+                        "instance; ids as in the plan's services)")
+    g.add_argument("--bootstrap-url", action="append", metavar="ID=URL",
+                   help="bootstrap server root of one prefill instance, e.g. prefill-0=http://127.0.0.1:8998 "
+                        "(a bare URL when the plan has one prefill)")
+    g.add_argument("--prefill-url", help="HTTP root of the plan's only prefill instance (several: --instance-url)")
+    g.add_argument("--decode-url", help="HTTP root of the plan's only decode instance (several: --instance-url)")
     g.add_argument("--router-metrics-url", help="router Prometheus listener, e.g. http://127.0.0.1:29000/metrics")
     g = p.add_argument_group("client")
     g.add_argument("--api-key-file", help="file holding the API key (read like the services read it: one "
@@ -79,7 +85,8 @@ def run_with_plan(plan: Mapping[str, Any], args: argparse.Namespace, *, node_add
         run = build_run(
             plan, node_address=args.node_address or node_address, base_url=args.base_url,
             router_url=args.router_url, prefill_url=args.prefill_url, decode_url=args.decode_url,
-            bootstrap_url=args.bootstrap_url, router_metrics_url=args.router_metrics_url,
+            instance_urls=args.instance_url, bootstrap_urls=args.bootstrap_url,
+            router_metrics_url=args.router_metrics_url,
             api_key_file=args.api_key_file or api_key_file, admin_key_file=args.admin_key_file,
             auth_template=args.auth_template, timeout_s=args.timeout, overall_s=args.overall_timeout,
             max_tokens=args.max_tokens, skip_burst=args.skip_burst, env=os.environ if env is None else env,

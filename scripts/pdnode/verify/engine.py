@@ -77,17 +77,20 @@ class Report:
 
 
 def _reachability(run: Run) -> dict[str, str | None]:
-    """TCP reachability of each target (None: reachable), probed in parallel, bounded."""
-    urls = {k: v for k, v in run.targets.as_dict().items()
-            if k in ("router_url", "base_url", "prefill_url", "decode_url", "bootstrap_url") and v}
+    """TCP reachability of each target URL (None: reachable), probed in parallel, bounded."""
+    t = run.targets
+    urls = {"router_url": t.router_url, "base_url": t.base_url}
+    for i in t.instances:
+        urls.update({f"{i.id} url": i.url, f"{i.id} bootstrap_url": i.bootstrap_url})
+    urls = {k: v for k, v in urls.items() if v}
 
     def probe(url: str) -> str | None:
         p = urlsplit(url)
         port = p.port or (443 if p.scheme == "https" else 80)
         return port_open(p.hostname or "", port, timeout_s=min(5.0, run.settings.timeout_s))
 
-    with ThreadPoolExecutor(max_workers=len(urls) or 1) as pool:
-        found = dict(zip(urls, pool.map(probe, urls.values())))
+    with ThreadPoolExecutor(max_workers=min(len(urls), 16) or 1) as pool:
+        found = dict(zip(urls.values(), pool.map(probe, urls.values())))
     return found
 
 
@@ -107,10 +110,7 @@ def verify(run: Run) -> Report:
     checks = all_checks(run)
     reach = _reachability(run)
     if reach and all(why is not None for why in reach.values()):
-        seen: dict[str, str] = {}
-        for k, why in reach.items():
-            seen.setdefault(getattr(run.targets, k), str(why))
-        detail = "; ".join(f"{url}: {why}" for url, why in seen.items())
+        detail = "; ".join(f"{url}: {why}" for url, why in reach.items())
         report.error = f"node unreachable: {detail}"
         for c in checks:
             report.checks.append(CheckResult(c.id, c.title, SKIP, "skipped: because the node is unreachable",

@@ -80,6 +80,24 @@ def parse(text: str) -> Snapshot:
     return snap
 
 
+INSTANCE_LABEL = "pdnode_instance"
+
+
+def merge(snaps: Mapping[str, Snapshot]) -> Snapshot:
+    """Several instances' scrapes as one, each series labelled with its instance
+    (``pdnode_instance``): deltas and quantiles then sum over the instances, per series,
+    like ``sum by (le) (increase(...))`` across Prometheus targets."""
+    out = Snapshot()
+    for iid, snap in snaps.items():
+        for family, kind in snap.types.items():
+            out.types.setdefault(family, kind)
+        for sample, rows in snap.samples.items():
+            dest = out.samples.setdefault(sample, {})
+            for labels, value in rows.items():
+                dest[tuple(sorted((*labels, (INSTANCE_LABEL, iid))))] = value
+    return out
+
+
 # --- deltas ---------------------------------------------------------------------------
 def counter_delta(before: Snapshot, after: Snapshot, sample: str,
                   match: Mapping[str, str] | None = None) -> float | None:
@@ -95,6 +113,14 @@ def counter_delta(before: Snapshot, after: Snapshot, sample: str,
         old = rows_before.get(labels, 0.0)
         total += value - old if value >= old else value
     return total
+
+
+def counter_rise(before: Snapshot, after: Snapshot, sample: str) -> float | None:
+    """counter_delta, with 0 for a counter the scrape declares (# TYPE) without a series:
+    an engine that served nothing yet has no labelled series, they appear with the first
+    request. None only when the scrape does not have the metric at all."""
+    d = counter_delta(before, after, sample)
+    return 0.0 if d is None and after.has(sample) else d
 
 
 def histogram_delta(before: Snapshot, after: Snapshot, name: str,

@@ -1,0 +1,161 @@
+"""N prefill + M decode stand-ins and the REAL sglang-router 0.3.2 in PD mode on 127.0.0.1,
+on free ports: the multi-instance node of issue 10, for the verifier's tests.
+
+    with standin_cluster(tmp_path, prefills=[[0, 1], [2, 3]], decodes=[[4, 5, 6, 7]]) as c:
+        c.instances["prefill-1"].url, c.router_url, c.stop("prefill-1")
+
+Instance ids, GPU lists and TP sizes are the plan's (nodeplan.plan_for builds the plan
+of a running cluster with pdnode.plan.build_plan). Each process logs to <dir>/<id>.log.
+The single-pair node of tests/standin/node.py is the same thing with one of each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from node import FAST_ENV, MODEL_CONFIG, REPO, NodeError, _stop, free_ports, request
+
+ROUTE = "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
+
+
+@dataclasses.dataclass
+class Member:
+    id: str
+    role: str
+    gpus: list[int]
+    port: int
+    bootstrap_port: int | None = None
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)  # what its JSON holds
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def bootstrap_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.bootstrap_port}" if self.bootstrap_port else None
+
+
+@dataclasses.dataclass
+class Cluster:
+    dir: Path
+    instances: dict[str, Member]
+    router_port: int
+    router_metrics_port: int
+    api_key: str | None
+    procs: dict[str, subprocess.Popen[bytes]]
+    started_s: float = 0.0
+
+    @property
+    def router_url(self) -> str:
+        return f"http://127.0.0.1:{self.router_port}"
+
+    @property
+    def router_metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.router_metrics_port}/metrics"
+
+    def stop(self, iid: str) -> None:
+        """SIGKILL one instance (a crashed engine), and wait for it."""
+        proc = self.procs[iid]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def log(self, iid: str) -> str:
+        path = self.dir / f"{iid}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _layout(role: str, gpus: Sequence[int]) -> dict[str, Any]:
+    """The ServerArgs layout of an instance on GPUS (as the 2P1D inventory has it)."""
+    n = len(gpus)
+    out: dict[str, Any] = {"tp_size": n, "base_gpu_id": gpus[0]}
+    if role == "decode" and n > 1:
+        out.update(attn_dp_size=n, ep_size=n)
+    return out
+
+
+@contextlib.contextmanager
+def standin_cluster(directory: str | os.PathLike[str], *, prefills: Sequence[Sequence[int]],
+                    decodes: Sequence[Sequence[int]], served_model_name: str = "fake-model",
+                    api_key: str | None = None, env: Mapping[str, str] | None = None,
+                    router_args: Sequence[str] = (), startup_timeout: float = 90.0) -> Iterator[Cluster]:
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    model_dir = root / "model"
+    model_dir.mkdir(exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    ports = iter(free_ports(2 * len(prefills) + len(decodes) + 2))
+    members: dict[str, Member] = {}
+    common = {"host": "127.0.0.1", "model_path": str(model_dir), "served_model_name": served_model_name,
+              "enable_metrics": True}
+    for role, groups in (("prefill", prefills), ("decode", decodes)):
+        for i, gpus in enumerate(groups):
+            m = Member(f"{role}-{i}", role, list(gpus), next(ports))
+            m.args = {**common, "port": m.port, "disaggregation_mode": role, **_layout(role, gpus)}
+            if role == "prefill":
+                m.bootstrap_port = next(ports)
+                m.args["disaggregation_bootstrap_port"] = m.bootstrap_port
+            members[m.id] = m
+    r_port, m_port = next(ports), next(ports)
+    key_args: list[str] = []
+    if api_key:
+        (root / "api_key").write_text(api_key + "\n")
+        (root / "api_key").chmod(0o600)
+        key_args = ["--api-key-file", str(root / "api_key")]
+    base_env = dict(os.environ)
+    base_env["PYTHONPATH"] = os.pathsep.join([str(REPO / "scripts")] + (
+        [base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else []))
+    base_env.update({"PYTHONUNBUFFERED": "1", **FAST_ENV, **(env or {})})
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    cluster = Cluster(root, members, r_port, m_port, api_key, procs)
+    with contextlib.ExitStack() as stack:
+        def spawn(name: str, argv: list[str], extra: Mapping[str, str] | None = None) -> None:
+            log = open(root / f"{name}.log", "wb")  # noqa: SIM115 -- closed by the stack
+            stack.callback(log.close)
+            procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+                                           env={**base_env, **(extra or {})}, start_new_session=True)
+
+        stack.callback(lambda: _stop(procs))
+        t0 = time.monotonic()
+        for m in members.values():
+            (root / f"{m.id}.json").write_text(json.dumps(m.args, indent=1))
+            spawn(m.id, [sys.executable, "-m", "pdnode.standin", str(root / f"{m.id}.json"), *key_args])
+        argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                "--host", "127.0.0.1", "--port", str(r_port),
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(m_port),
+                "--worker-startup-check-interval", "1", "--shutdown-grace-period-secs", "1",
+                *(["--api-key", api_key] if api_key else []), *router_args]
+        for m in members.values():
+            argv += ["--prefill", m.url, str(m.bootstrap_port)] if m.role == "prefill" else ["--decode", m.url]
+        spawn("router", argv, {"HF_HUB_OFFLINE": "1", "NO_COLOR": "1"})
+        checks = [(f"{m.id} /health", m.url + "/health") for m in members.values()]
+        checks += [(f"{m.id} bootstrap /route", m.bootstrap_url + ROUTE) for m in members.values() if m.bootstrap_url]
+        checks.append(("router /readiness", cluster.router_url + "/readiness"))
+        for what, url in checks:
+            _wait_200(what, url, startup_timeout, cluster)
+        cluster.started_s = time.monotonic() - t0
+        yield cluster
+
+
+def _wait_200(what: str, url: str, timeout: float, cluster: Cluster) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for name, proc in cluster.procs.items():
+            if proc.poll() is not None:
+                raise NodeError(f"{name} exited with {proc.returncode} while waiting for {what}\n"
+                                f"{cluster.log(name)[-3000:]}")
+        with contextlib.suppress(OSError):
+            if request("GET", url, timeout=2.0).status == 200:
+                return
+        time.sleep(0.1)
+    raise NodeError(f"timed out after {timeout:.0f}s waiting for {what}")
