@@ -3,26 +3,25 @@ the units only read them, so they are tested here once."""
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
-
 import pytest
+from planvars import changed, variables
 
-from pdnode.inventory import load_inventory
 from pdnode.plan import build_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+READ_BY_UNITS = ("unit", "exec", "ready")
 
 
 @pytest.fixture(scope="module")
 def demo_vars():
-    return load_inventory(ROOT / "inventories" / "demo").variables
+    return variables("demo")
 
 
 def _plan(base, **changes):
-    v = copy.deepcopy(base)
-    v.update(changes)
-    return build_plan(v).as_dict()
+    return build_plan(changed(base, changes)).as_dict()
+
+
+def _units_view(service):
+    return {k: service[k] for k in READ_BY_UNITS}
 
 
 def test_services_of_the_demo_node(demo_vars):
@@ -30,18 +29,18 @@ def test_services_of_the_demo_node(demo_vars):
     py = p["install"]["venv"] + "/bin/python"
     assert p["install"]["python"] == py
     s = p["services"]
-    assert set(s) == {"prefill", "decode", "router"}
-    assert s["prefill"] == {
-        "unit": "sglang-pd-prefill.service",
+    assert list(s) == ["prefill-0", "decode-0", "router"]
+    assert _units_view(s["prefill-0"]) == {
+        "unit": "sglang-pd-prefill-0.service",
         "exec": [py, "-m", "pdnode.launcher", "--engine", "sim", "--watchdog-url", "http://127.0.0.1:30000/health",
-                 "/etc/sglang-pd/prefill.json"],
+                 "/etc/sglang-pd/prefill-0.json"],
         "ready": ["http://127.0.0.1:30000/health",
                   "http://127.0.0.1:8998/route?prefill_dp_rank=-1&prefill_cp_rank=-1"
                   "&target_tp_rank=-1&target_pp_rank=-1"],
     }
-    assert s["decode"]["exec"][-1] == "/etc/sglang-pd/decode.json"
-    assert s["decode"]["ready"] == ["http://127.0.0.1:30001/health"]
-    assert s["router"] == {
+    assert s["decode-0"]["exec"][-1] == s["decode-0"]["config"] == "/etc/sglang-pd/decode-0.json"
+    assert s["decode-0"]["ready"] == ["http://127.0.0.1:30001/health"]
+    assert _units_view(s["router"]) == {
         "unit": "sglang-pd-router.service",
         "exec": [py, "-m", "pdnode.router_launch", "/etc/sglang-pd/router.json",
                  "--admin-key-file", "/etc/sglang-pd/router-admin-key"],
@@ -53,8 +52,8 @@ def test_services_of_the_demo_node(demo_vars):
 
 def test_api_key_file_goes_to_every_service(demo_vars):
     s = _plan(demo_vars, pdnode_api_key_file="files/key", pdnode_config_dir="/etc/pd")["services"]
-    for role in ("prefill", "decode", "router"):
-        assert s[role]["exec"][-2:] == ["--api-key-file", "/etc/pd/api-key"], role
+    for sid in ("prefill-0", "decode-0", "router"):
+        assert s[sid]["exec"][-2:] == ["--api-key-file", "/etc/pd/api-key"], sid
     # The admin key is always there and separate from the client key.
     assert s["router"]["exec"][4:6] == ["--admin-key-file", "/etc/pd/router-admin-key"]
 
@@ -74,8 +73,8 @@ def test_router_readiness_follows_its_bind_address(demo_vars, host, url):
 
 def test_worker_readiness_on_ipv6_loopback_is_bracketed(demo_vars):
     s = _plan(demo_vars, pdnode_worker_host="::1")["services"]
-    assert s["decode"]["ready"] == ["http://[::1]:30001/health"]
-    assert s["prefill"]["ready"][1].startswith("http://[::1]:8998/route?")
+    assert s["decode-0"]["ready"] == ["http://[::1]:30001/health"]
+    assert s["prefill-0"]["ready"][1].startswith("http://[::1]:8998/route?")
 
 
 def test_every_version_in_the_venv_names_the_release(demo_vars):
@@ -84,3 +83,23 @@ def test_every_version_in_the_venv_names_the_release(demo_vars):
                         ("pdnode_sglang_router_version", "9.9.7")):
         venv = _plan(demo_vars, **{name: value})["install"]["venv"]
         assert venv != base and value in venv, name
+
+
+def test_every_instance_is_a_service_of_its_own(demo_vars):
+    """2P2D: one unit, config, environment file, URL and readiness gate per instance;
+    the router registers every prefill with its bootstrap port and every decode."""
+    p = _plan(demo_vars, pdnode_prefill_instances=[{"gpus": [0, 1]}, {"gpus": [2, 3], "name": "b"}],
+              pdnode_decode_instances=[{"gpus": [4, 5]}, {"gpus": [6, 7]}])
+    s = p["services"]
+    assert list(s) == ["prefill-0", "prefill-b", "decode-0", "decode-1", "router"]
+    engines = [v for v in s.values() if v["role"] in ("prefill", "decode")]
+    for key in ("unit", "config", "env_file", "url"):
+        assert len({v[key] for v in engines}) == 4, key
+    assert s["prefill-b"]["unit"] == "sglang-pd-prefill-b.service"
+    assert s["prefill-b"]["env_file"] == "/etc/sglang-pd/prefill-b.env"
+    assert [v["ready"][0] for v in engines] == [v["url"] + "/health" for v in engines]
+    assert [v["exec"][-1] for v in engines] == [v["config"] for v in engines]
+    assert s["router"]["args"]["prefill"] == [["http://127.0.0.1:30000", 8998], ["http://127.0.0.1:30010", 8999]]
+    assert s["router"]["args"]["decode"] == ["http://127.0.0.1:30001", "http://127.0.0.1:30011"]
+    assert s["prefill-b"]["ready"][1].startswith("http://127.0.0.1:8999/route?")
+    assert "bootstrap_port" not in s["decode-1"]

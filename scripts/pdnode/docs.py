@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from .fields import FIELDS, REQUIRED, THRESHOLD_KEYS
+from .fields import FIELDS, INSTANCE_KEYS, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
 
 
 def inventory_markdown() -> str:
@@ -36,9 +36,46 @@ def inventory_markdown() -> str:
     for f in FIELDS:
         default = "**required**" if f.default is REQUIRED else f"`{f.default!r}`"
         lines.append(f"| `{f.name}` | {f.kind} | {default} | {f.doc} |")
+    lines += _instance_keys()
     lines += ["", "## `pdnode_verify_thresholds` keys", "", "| key | meaning |", "| --- | --- |"]
     lines += [f"| `{k}` | {v} |" for k, v in THRESHOLD_KEYS.items()]
+    lines += _retired()
     return "\n".join(lines) + "\n"
+
+
+def _instance_keys() -> list[str]:
+    lines = [
+        "", "## Instance keys (`pdnode_prefill_instances`, `pdnode_decode_instances`)", "",
+        "Each entry of the two lists is one SGLang server, its own systemd unit",
+        "(`<prefix>-<role>-<name>.service`) with its own `<config_dir>/<role>-<name>.json` and `.env`.",
+        "Ports left out are allocated without collision (`pdnode explain INVENTORY` lists them):",
+        "prefill HTTP 30000, 30010, ...; decode 30001, 30011, ...; bootstrap 8998, 8999, ...; NCCL",
+        "31000, ... (prefill) and 31100, ... (decode); an instance with DP attention also binds",
+        "port+233..+239. `extra_args` take the same checks as in the paragraph above.",
+        "",
+        "| key | type | default | roles | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for k in INSTANCE_KEYS:
+        default = "**required**" if k.default is REQUIRED else f"`{k.default!r}`"
+        lines.append(f"| `{k.name}` | {k.kind} | {default} | {', '.join(k.roles)} | {k.doc} |")
+    return lines
+
+
+def _retired() -> list[str]:
+    by_role: dict[str, list[str]] = {}
+    for name in RETIRED_ROLE_VARIABLES:
+        by_role.setdefault(name.split("_")[1], []).append(f"`{name}`")
+    return [
+        "", "## Retired variables", "",
+        "Earlier releases described one prefill and one decode with one variable per setting.",
+        "Those variables are refused, with one line that spells the replacement: each became",
+        "the key of the same name (without `pdnode_<role>_`) on an entry of",
+        "`pdnode_<role>_instances`, e.g. `pdnode_decode_tp_size: 4` is now",
+        "`pdnode_decode_instances: [{gpus: [4, 5, 6, 7], tp_size: 4}]`.",
+        "",
+        *[f"- {role}: {', '.join(names)}" for role, names in by_role.items()],
+    ]
 
 
 if __name__ == "__main__":
