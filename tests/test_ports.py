@@ -248,18 +248,9 @@ def _problems(v):
     return [str(p) for p in info.value.problems]
 
 
-def test_prefill_dp_attention_at_given_ports_is_one_line_with_both_sides(gpu01_vars):
-    """Issue 10: six lines for one cause before."""
-    assert _problems(changed(gpu01_vars, {"prefill[0]": {"attn_dp_size": 4, "port": 30000},
-                                          "decode[0]": {"port": 30001}})) == [
-        "pdnode_decode_instances[0].port=30001: decode-0's port+233..+239 (30234-30240) and prefill-0's "
-        "port+233..+239 (30233-30239) overlap at port 30234 (an instance with DP attention also binds its "
-        "port+233..+239). Fix: set pdnode_decode_instances[0].port: 30007 (the nearest free port), or leave the "
-        "instances' ports out so the plan allocates them."]
-
-
 def test_the_suggested_port_is_free(gpu01_vars):
-    """Taking the fix of the line gives a valid plan."""
+    """Taking the fix of the collision line gives a valid plan (the line itself:
+    tests/test_plan_alignment.py)."""
     v = changed(gpu01_vars, {"prefill[0]": {"attn_dp_size": 4, "port": 30000}, "decode[0]": {"port": 30001}})
     (line,) = _problems(v)
     suggested = int(line.split("Fix: set pdnode_decode_instances[0].port: ")[1].split(" ")[0])
