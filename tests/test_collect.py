@@ -96,8 +96,8 @@ class _Node(http.server.BaseHTTPRequestHandler):
     """/metrics leaks the API key (a buggy service); /workers wants the admin key."""
 
     def do_GET(self):  # noqa: N802 -- http.server's name
-        if self.path == "/metrics":
-            body = f"# leaked {API_KEY}\nsglang:num_running_reqs 0\n".encode()
+        if self.path.endswith("/metrics"):
+            body = f"# leaked {API_KEY}\nsglang:num_running_reqs 0\n# asked {self.path}\n".encode()
         elif self.path == "/workers":
             if self.headers.get("Authorization") != f"Bearer {ADMIN_KEY}":
                 self.send_response(401)
@@ -126,20 +126,34 @@ def node(tmp_path):
     for name, key in (("api-key", API_KEY), ("router-admin-key", ADMIN_KEY)):
         (cfg / name).write_text(key + "\n")
         (cfg / name).chmod(0o400)
-    (cfg / "prefill.json").write_text(json.dumps({"tp_size": 4, "port": port, "admin_api_key": "in-json-secret"}))
-    (cfg / "prefill.env").write_text(f"HF_TOKEN=hf_secretvalue\nNOTE={API_KEY}\n")
+    (cfg / "prefill-0.json").write_text(json.dumps({"tp_size": 4, "port": port, "admin_api_key": "in-json-secret"}))
+    (cfg / "prefill-0.env").write_text(f"HF_TOKEN=hf_secretvalue\nNOTE={API_KEY}\n")
+    (cfg / "prefill-1.json").write_text(json.dumps({"tp_size": 2, "port": port}))
+    (cfg / "prefill-1.env").write_text("HF_HUB_OFFLINE=1\n")
+    (cfg / "decode-0.json").write_text(json.dumps({"tp_size": 4, "port": port}))
+    # decode-0.env is missing: a finding, named in the manifest
+    (cfg / "prefill.json").write_text('{"tp_size": 8}\n')  # left from the one-instance layout: kept too
     (cfg / "broken.json").write_text('{\n  "api_key": "brokensecret",\n  "tp_size": 4\n')
     (cfg / "evil.json").symlink_to(cfg / "api-key")
+
+    def engine(sid: str, role: str, path: str) -> dict:
+        return {"id": sid, "role": role, "unit": f"pdtest-none-{sid}.service", "url": f"http://127.0.0.1:{port}{path}",
+                "config": str(cfg / f"{sid}.json"), "env_file": str(cfg / f"{sid}.env"), "args": {"port": port}}
+
     plan = {
         "host": "h1",
         "install": {"config_dir": str(cfg), "api_key_path": str(cfg / "api-key"),
                     "admin_key_path": str(cfg / "router-admin-key"), "venv": str(tmp_path / "no-venv"),
                     "root": str(tmp_path / "root"), "target": "pdtest-none.target"},
-        "services": {"prefill": {"unit": "pdtest-none-prefill.service"},
-                     "router": {"unit": "pdtest-none-router.service"}},
-        "prefill": {"host": "127.0.0.1", "port": port},
-        "router": {"host": "0.0.0.0", "port": port, "prometheus_host": "127.0.0.1",  # noqa: S104 -- the plan's value
-                   "prometheus_port": port},
+        # each instance's URL has its own path on the one fake server: which /metrics was asked is visible
+        "services": {"prefill-0": engine("prefill-0", "prefill", "/p0"),
+                     "prefill-1": engine("prefill-1", "prefill", "/p1"),
+                     "decode-0": engine("decode-0", "decode", "/d0"),
+                     "router": {"id": "router", "role": "router", "unit": "pdtest-none-router.service",
+                                "url": f"http://127.0.0.1:{port}", "metrics_url": f"http://127.0.0.1:{port}/metrics",
+                                "config": str(cfg / "router.json"), "env_file": str(cfg / "router.env"),
+                                "args": {"host": "0.0.0.0", "port": port,  # noqa: S104 -- the plan's value
+                                         "prometheus_host": "127.0.0.1", "prometheus_port": port}}},
     }
     yield plan, tmp_path
     server.shutdown()
@@ -161,15 +175,26 @@ def test_collect_host_strips_keys_redacts_and_records_every_file(node):
         assert entry["command"], rel
 
     # secret-named values redacted in each kind of file
-    prefill_json = json.loads((stage / "h1/config/prefill.json").read_text())
-    assert prefill_json == {"tp_size": 4, "port": plan["prefill"]["port"], "admin_api_key": "<redacted>"}
-    assert files["h1/config/prefill.json"]["redacted_values"] == 1
-    assert "hf_secretvalue" not in (stage / "h1/config/prefill.env").read_text()
+    port = plan["services"]["router"]["args"]["port"]
+    prefill_json = json.loads((stage / "h1/config/prefill-0.json").read_text())
+    assert prefill_json == {"tp_size": 4, "port": port, "admin_api_key": "<redacted>"}
+    assert files["h1/config/prefill-0.json"]["redacted_values"] == 1
+    assert "hf_secretvalue" not in (stage / "h1/config/prefill-0.env").read_text()
     assert "brokensecret" not in (stage / "h1/config/broken.json").read_text()
+    # every instance's own files, and the file an older layout left
+    for name in ("prefill-0.json", "prefill-0.env", "prefill-1.json", "prefill-1.env", "decode-0.json", "prefill.json"):
+        assert f"h1/config/{name}" in files, name
     # a key's value anywhere (an env value, a leaky /metrics) is replaced, and counted
-    assert files["h1/config/prefill.env"]["secret_values_removed"] == 1
-    assert files["h1/http/prefill.metrics.txt"]["secret_values_removed"] == 1
-    assert files["h1/http/prefill.metrics.txt"]["exit_status"] == 200
+    assert files["h1/config/prefill-0.env"]["secret_values_removed"] == 1
+    # /metrics of every instance, each from its own URL, and the router's
+    for sid, path in (("prefill-0", "/p0"), ("prefill-1", "/p1"), ("decode-0", "/d0"), ("router", "")):
+        entry = files[f"h1/http/{sid}.metrics.txt"]
+        assert entry["exit_status"] == 200 and entry["secret_values_removed"] == 1, sid
+        assert f"# asked {path}/metrics" in (stage / f"h1/http/{sid}.metrics.txt").read_text(), sid
+    # the journal and the state of every unit (systemctl may be absent here: then recorded as missing)
+    listed = set(files) | {m["item"] for m in manifest["missing"]}
+    for sid in ("prefill-0", "prefill-1", "decode-0", "router"):
+        assert f"journal/pdtest-none-{sid}.service.txt" in {x.removeprefix("h1/") for x in listed}, sid
     # /workers was asked with the admin key (the fake answers 401 without it), its secrets redacted
     workers = json.loads((stage / "h1/http/router.workers.json").read_text())
     assert files["h1/http/router.workers.json"]["exit_status"] == 200
@@ -182,6 +207,7 @@ def test_collect_host_strips_keys_redacts_and_records_every_file(node):
     missing = {m["item"]: m["reason"] for m in manifest["missing"]}
     assert "evil.json" in missing["config/evil.json"] or "symbolic" in missing["config/evil.json"].lower()
     assert "no bin/python" in missing["release/pip-freeze.txt"]
+    assert "decode-0.env" in missing["config/decode-0.env"] and "router.json" in missing["config/router.json"]
     assert manifest["schema"] == "pdnode.collect" and manifest["version"] == 1 and manifest["host"] == "h1"
 
 

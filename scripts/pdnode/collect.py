@@ -267,26 +267,45 @@ def _loopback(host: str | None) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+def _url(url: Any) -> str | None:
+    """An http(s) URL from the plan, or None: nothing else is ever asked."""
+    return url.rstrip("/") if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+
+
 def targets(plan: dict[str, Any]) -> dict[str, Any]:
-    """Units, files, URLs and paths to collect, all read from the plan."""
+    """Units, files, URLs and paths to collect, all read from the plan: every service of
+    plan["services"] (each engine instance and the router), in the plan's order."""
     install = plan.get("install") or {}
-    services = plan.get("services") or {}
-    units = [svc["unit"] for _, svc in sorted(services.items()) if svc.get("unit")]
+    services = [s for s in (plan.get("services") or {}).values() if isinstance(s, dict)]
+    units = [str(s["unit"]) for s in services if s.get("unit")]
     if install.get("target"):
         units.append(install["target"])
-    metrics = []
-    for role in sorted(services):
-        args = plan.get(role) or {}
-        if role != "router" and args.get("port"):
-            metrics.append((role, f"http://{_loopback(args.get('host'))}:{args['port']}/metrics"))
-    router = plan.get("router") or {}
-    if router.get("prometheus_port"):
-        metrics.append(("router", f"http://{_loopback(router.get('prometheus_host'))}:"
-                                  f"{router['prometheus_port']}/metrics"))
-    workers = f"http://{_loopback(router.get('host'))}:{router['port']}/workers" if router.get("port") else None
+    metrics: list[tuple[str, str]] = []
+    workers = None
+    for svc in services:
+        sid = str(svc.get("id") or svc.get("role") or "service")
+        args = svc.get("args") if isinstance(svc.get("args"), dict) else {}
+        if svc.get("role") == "router":
+            url = _url(svc.get("metrics_url")) or (
+                f"http://{_loopback(args.get('prometheus_host'))}:{args['prometheus_port']}/metrics"
+                if args.get("prometheus_port") else None)
+            if args.get("port"):  # the router's own port, from the node itself (it may bind a wildcard)
+                workers = f"http://{_loopback(args.get('host'))}:{args['port']}/workers"
+            elif _url(svc.get("url")):
+                workers = f"{_url(svc.get('url'))}/workers"
+        else:
+            base = _url(svc.get("url")) or (f"http://{_loopback(args.get('host'))}:{args['port']}"
+                                            if args.get("port") else None)
+            url = f"{base}/metrics" if base else None
+        if url:
+            metrics.append((sid, url))
+    # Each service's own files (config_dir/<id>.json and .env), whether or not they exist.
+    files = [(str(svc[k]), "json" if k == "config" else "env") for svc in services
+             for k in ("config", "env_file") if isinstance(svc.get(k), str) and svc[k]]
     return {
         "units": units,
         "config_dir": install.get("config_dir"),
+        "service_files": files,
         "key_files": [p for p in (install.get("api_key_path"), install.get("admin_key_path")) if p],
         "admin_key_path": install.get("admin_key_path"),
         "venv": install.get("venv"),
@@ -517,15 +536,26 @@ def collect_host(plan: dict[str, Any], host: str, root: Path, *, deadline_s: flo
     b.run("systemd/list-units.txt", ["systemctl", "list-units", "--all", "--no-pager", "--full"])
     b.run("systemd/failed.txt", ["systemctl", "--failed", "--no-pager", "--full"])
 
-    # Files on disk: what the services read (keys excepted), redacted.
+    # Files on disk: what the services read (keys excepted), redacted. Each service's own
+    # files first (a missing one is a finding), then whatever else config_dir holds (a
+    # file left from an older layout explains a service that reads the wrong one).
     cfg = t["config_dir"]
+    # A link to a key file is not followed by read_file (O_NOFOLLOW): recorded, never read.
+    keys = {os.path.abspath(p) for p in t["key_files"]}
+    done: set[str] = set()
+    for path, kind in t["service_files"]:
+        if os.path.abspath(path) in keys:
+            b.skip(f"config/{_safe(os.path.basename(path))}", f"{path} is a key file: never read")
+            continue
+        done.add(os.path.abspath(path))
+        b.read_file(f"config/{_safe(os.path.basename(path))}", path, kind)
     if cfg and os.path.isdir(cfg):
         names = sorted(n for n in os.listdir(cfg) if n.endswith((".json", ".env")))
-        keys = {os.path.basename(p) for p in t["key_files"]}
         for name in names:
-            if name in keys:
+            path = os.path.join(cfg, name)
+            if os.path.abspath(path) in keys | done:
                 continue
-            b.read_file(f"config/{_safe(name)}", os.path.join(cfg, name), "json" if name.endswith(".json") else "env")
+            b.read_file(f"config/{_safe(name)}", path, "json" if name.endswith(".json") else "env")
     elif cfg:
         b.skip("config/", f"{cfg} does not exist")
     for unit in t["units"]:
@@ -541,8 +571,8 @@ def collect_host(plan: dict[str, Any], host: str, root: Path, *, deadline_s: flo
           {"command": ["lstat", *t["key_files"]]})
 
     # The services' own view: metrics of every instance and the router, the router's workers.
-    for role, url in t["metrics"]:
-        b.http(f"http/{_safe(role)}.metrics.txt", url)
+    for sid, url in t["metrics"]:
+        b.http(f"http/{_safe(sid)}.metrics.txt", url)
     if t["workers"]:
         admin = read_key_value(t["admin_key_path"]) if t["admin_key_path"] else None
         if admin is None:
