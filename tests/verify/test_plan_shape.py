@@ -53,3 +53,15 @@ def test_every_instance_of_a_real_plan_is_checked(inventory, prefills, decodes):
     for i in run.targets.role("prefill"):
         assert i.bootstrap_url == f"http://127.0.0.1:{plan['services'][i.id]['bootstrap_port']}"
         assert i.ranks == plan["services"][i.id]["args"]["tp_size"]
+
+
+def test_the_threshold_table_exists_once():
+    """verify/thresholds.py is the table; the inventory's validation and docs read the same
+    keys (pdnode.fields), the alert rules a subset (pdnode.monitoring)."""
+    from pdnode import fields, monitoring
+    from pdnode.verify import thresholds
+
+    assert fields.THRESHOLD_KEYS == thresholds.THRESHOLD_KEYS
+    assert set(monitoring.RULE_THRESHOLDS) <= set(thresholds.THRESHOLDS)
+    for key, t in thresholds.THRESHOLDS.items():
+        assert t.metric in thresholds.REQUIRED_METRICS[t.role] and key in thresholds.REQUIRED_METRICS[t.role][t.metric]

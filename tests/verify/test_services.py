@@ -149,3 +149,23 @@ def test_check_stable_units_are_read_once(monkeypatch, decode):
     fake = FakeSystemctl(monkeypatch, decode)
     res = check_services(_ctx())
     assert res.status == PASS and fake.reads == 1 and fake.slept == 0, res
+
+
+def test_every_instance_unit_is_read_and_a_failed_one_named(monkeypatch):
+    from nodeplan import contract_plan
+
+    read: list[str] = []
+
+    def show(unit: str, timeout_s: float = 5.0) -> str:
+        read.append(unit)
+        active, sub = ("failed", "failed") if unit == "x-prefill-1.service" else ("active", "running")
+        return SHOW.format(active=active, sub=sub, result="success", restarts=0, mono=1_000_000,
+                           status=0).replace("sglang-pd-decode.service", unit)
+
+    monkeypatch.setattr(svc, "systemctl_available", lambda: True)
+    monkeypatch.setattr(svc, "show", show)
+    res = check_services(Ctx(build_run(contract_plan(prefills=2, decodes=2), env={}, on_node=True)))
+    assert read == ["x-prefill-0.service", "x-prefill-1.service", "x-decode-0.service", "x-decode-1.service",
+                    "x-router.service"]
+    assert res.status == FAIL and "x-prefill-1.service: failed/failed" in res.evidence, res
+    assert "journalctl -u x-prefill-1.service" in res.hint
