@@ -232,7 +232,7 @@ def test_binary_index_and_bad_config_are_clean_lines(tmp_path):
     with pytest.raises(ValueError, match=r"model.safetensors.index.json is not UTF-8 text$"):
         weight_bytes_from_dir(d)
     d = model_dir(tmp_path, {"hidden_size": "big", "num_hidden_layers": 2}, name="cfg")
-    with pytest.raises(ValueError, match=r"config.json: hidden_size is 'big', not a non-negative integer"):
+    with pytest.raises(ValueError, match=r"config.json: hidden_size is .big., not an integer from 0 to 10000000"):
         weight_bytes_from_dir(d)
     d = model_dir(tmp_path, LLAMA31_8B_CONFIG | {"quantization_config": {"quant_method": "hqq"}}, name="q")
     with pytest.raises(ValueError, match="quant_method 'hqq' is not one this estimate knows .*pdnode_model_weights_gb"):
@@ -254,3 +254,13 @@ def test_missing_or_empty_directory_names_the_field(tmp_path):
         weight_bytes({"pdnode_model_controller_path": "empty"}, tmp_path)
     assert info.value.rule == (f"{tmp_path}/empty has no model.safetensors.index.json, no *.safetensors and no "
                                "config.json")
+
+
+def test_absurd_config_values_are_refused_not_computed():
+    """A broken config.json with 1e12 layers must fail fast (the layer loop would never end)."""
+    with pytest.raises(ValueError, match=r"num_hidden_layers is 1000000000000, not an integer from 0 to 10000000"):
+        estimate_parameters(DSV3_CONFIG | {"num_hidden_layers": 10**12})
+    with pytest.raises(ValueError, match=r"mlp_only_layers is 'all', not a list of layer numbers"):
+        estimate_parameters(QWEN3_235B_CONFIG | {"mlp_only_layers": "all"})
+    with pytest.raises(ValueError, match=r"n_routed_experts is 'many'"):
+        estimate_parameters(DSV3_CONFIG | {"n_routed_experts": "many"})

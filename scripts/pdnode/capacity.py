@@ -153,12 +153,18 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+# Far above any real model's field (the largest hidden sizes and vocabularies are ~1e5 and
+# ~1e6, layer counts ~1e2): a bigger value is a broken config.json, not a model.
+_MAX_FIELD = 10**7
+
+
 def _int(cfg: dict[str, Any], key: str, where: Path | str, default: int | None = None) -> int:
     value = cfg.get(key, default)
     if value is None and default is not None:
         value = default
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{where}: {key} is {value!r}, not a non-negative integer (cannot estimate the parameters)")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_FIELD:
+        raise ValueError(f"{where}: {key} is {value!r}, not an integer from 0 to {_MAX_FIELD} (cannot estimate the "
+                         "parameters)")
     return value
 
 
@@ -189,9 +195,8 @@ def estimate_parameters(config: dict[str, Any], where: Path | str = "config.json
     else:
         attn = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h
 
-    experts = next((cfg[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if cfg.get(k)), 0)
-    if not isinstance(experts, int) or isinstance(experts, bool) or experts < 0:
-        raise ValueError(f"{where}: the expert count is {experts!r}, not an integer")
+    key = next((k for k in ("n_routed_experts", "num_experts", "num_local_experts") if cfg.get(k)), None)
+    experts = _int(cfg, key, where) if key else 0
     dense_inter = _int(cfg, "intermediate_size", where, 0)
     dense_mlp = 3 * h * dense_inter  # gate, up, down
     if experts:
@@ -202,7 +207,10 @@ def estimate_parameters(config: dict[str, Any], where: Path | str = "config.json
         first_dense = _int(cfg, "first_k_dense_replace", where, 0)
         freq = _int(cfg, "moe_layer_freq", where, 1) or 1
         step = _int(cfg, "decoder_sparse_step", where, 1) or 1
-        only_dense = set(cfg.get("mlp_only_layers") or [])
+        only_dense = cfg.get("mlp_only_layers") or []
+        if not isinstance(only_dense, list) or not all(isinstance(i, int) for i in only_dense):
+            raise ValueError(f"{where}: mlp_only_layers is {only_dense!r}, not a list of layer numbers")
+        only_dense = set(only_dense)
         moe_layers = sum(1 for i in range(layers) if i >= first_dense and i % freq == 0
                          and (i + 1) % step == 0 and i not in only_dense)
         mlp = moe_layers * moe_mlp + (layers - moe_layers) * dense_mlp
