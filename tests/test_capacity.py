@@ -103,6 +103,27 @@ def test_every_instance_is_judged_on_its_own(tmp_path):
     assert "no tp_size up to the host's 8 GPUs fits" in found[1].fix
 
 
+def test_fixes_that_fit_alone_but_not_together_get_one_line_for_the_host():
+    # DeepSeek-V3 on 4 + 4 H200s: each instance needs TP 8, 16 GPUs in all on an 8-GPU host
+    found = check_instances([instance(4), instance(4, role="decode")], "NVIDIA H200", DSV3_BYTES, "x", gpu_count=8)
+    assert [f.field for f in found] == ["pdnode_prefill_instances[0].tp_size", "pdnode_decode_instances[0].tp_size",
+                                        "pdnode_gpu_count"]
+    assert line(found[2]) == (
+        "pdnode_gpu_count=8: with each instance at the smallest tp_size that holds the weights, the instances need "
+        "16 GPUs (prefill-0 8, decode-0 8), more than the host has. Fix: a smaller or more quantised model, or GPUs "
+        "with more memory (a PD node runs at least one prefill and one decode instance).")
+    # on a 16-GPU host the two fixes fit together: no host line
+    assert len(check_instances([instance(4), instance(4, role="decode")], "NVIDIA H200", DSV3_BYTES, "x",
+                               gpu_count=16)) == 2
+    # 400 GB: both TP-2 prefill instances need TP 4; the decode instance fits on its own 4 GPUs;
+    # 4 + 4 + 4 = 12 > 8, and with three instances "fewer instances" is a fix
+    found = check_instances([instance(2), instance(2, i=1), instance(4, role="decode")], "NVIDIA H200",
+                            400 * 10**9, "x", gpu_count=8)
+    assert found[-1].rule.endswith("the instances need 12 GPUs (prefill-0 4, prefill-1 4, decode-0 4), more than "
+                                   "the host has")
+    assert found[-1].fix.startswith("fewer instances, ")
+
+
 def test_the_fix_is_the_smallest_tp_that_fits_and_respects_replicas_and_the_host():
     budget = 143771 * capacity.MIB * 0.85
     assert [smallest_tp(gb * 10**9, budget) for gb in (50, 200, 400, 671, 1000)] == [1, 2, 4, 8, 16]

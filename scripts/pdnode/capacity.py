@@ -330,6 +330,8 @@ def check_instances(instances: list[dict[str, Any]], gpu_model: str | None, weig
                         "warning")]
     memory = mib * MIB
     out: list[Finding] = []
+    # GPUs each instance needs at its smallest fitting tp_size (None: no tp_size fits)
+    least: dict[str, int | None] = {}
     for inst in instances:
         tp = int(inst.get("tp_size") or 1)
         dp = int(inst.get("dp_size") or 1)
@@ -338,7 +340,9 @@ def check_instances(instances: list[dict[str, Any]], gpu_model: str | None, weig
         budget = memory * mfs
         room = kv_room(budget)
         need = weight_bytes / tp
+        sid = str(inst.get("id", "the instance"))
         if need <= budget - room:
+            least[sid] = len(inst.get("gpus") or []) or tp * dp
             continue
         field = f"{inst.get('field') or inst.get('id')}.tp_size"
         rule = (f"{inst.get('id', 'the instance')} holds {_gb(need)} of weights per GPU ({_gb(weight_bytes)} from "
@@ -347,6 +351,7 @@ def check_instances(instances: list[dict[str, Any]], gpu_model: str | None, weig
                 f"{_gb(room)} kept for the KV cache)")
         max_tp = gpu_count // dp if gpu_count else None
         best = smallest_tp(weight_bytes, budget, max_tp)
+        least[sid] = best * dp if best is not None else None
         if best is not None:
             gpus = f"{best * dp} GPUs" + (f" ({dp} replicas of {best})" if dp > 1 else "")
             fix = (f"tp_size: {best} with {gpus} in gpus ({_gb(weight_bytes / best)} per GPU), "
@@ -356,4 +361,14 @@ def check_instances(instances: list[dict[str, Any]], gpu_model: str | None, weig
             fix = (f"no tp_size {ceiling}fits this model on {gpu_model} GPUs: serve a smaller or more quantised model, "
                    "or use GPUs with more memory")
         out.append(Finding(field, tp, rule, fix))
+    # Each fix alone may fit while all of them together do not (8 GPUs each for prefill and
+    # decode on an 8-GPU host): say so once, for the host.
+    total = sum(n for n in least.values() if n is not None)
+    if out and gpu_count and None not in least.values() and total > gpu_count:
+        each = ", ".join(f"{sid} {n}" for sid, n in least.items())
+        fewer = "fewer instances, " if len(least) > 2 else ""
+        out.append(Finding("pdnode_gpu_count", gpu_count, f"with each instance at the smallest tp_size that holds "
+                           f"the weights, the instances need {total} GPUs ({each}), more than the host has",
+                           f"{fewer}a smaller or more quantised model, or GPUs with more memory (a PD node runs at "
+                           "least one prefill and one decode instance)"))
     return out
