@@ -71,7 +71,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("time bounds")
     g.add_argument("--timeout", type=float, help="seconds per request (default pdnode_verify_timeout_s)")
     g.add_argument("--overall-timeout", type=float,
-                   help="seconds for the whole run (default: request timeout x (8 + burst rounds))")
+                   help="seconds for the whole run (default: request timeout x (8 + max(prefill, decode "
+                        "instances) + burst rounds))")
 
 
 def run_with_plan(plan: Mapping[str, Any], args: argparse.Namespace, *, node_address: str | None = None,

@@ -1,4 +1,4 @@
-"""systemd state of the three units (only when the verifier runs on the node itself).
+"""systemd state of the plan's units (only when the verifier runs on the node itself).
 
 ``systemctl show -p ... UNIT`` gives KEY=VALUE lines; judge() says whether a unit is
 active and stable (OK), recovered from a restart a short while ago (WARN, with the time
