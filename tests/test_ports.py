@@ -154,7 +154,7 @@ def test_allocation_is_deterministic(host16):
     v = _xpyd(host16, 3, 2, p_attn=2, d_attn=2)
     first = build_plan(v).ports
     assert build_plan(v).ports == first
-    code = ("import json, sys; sys.path.insert(0, 'tests'); from planvars import *; from pdnode.plan import build_plan;"
+    code = ("import json, sys; from pdnode.plan import build_plan; "
             "print(json.dumps(build_plan(json.loads(sys.stdin.read())).ports))")
     r = subprocess.run([sys.executable, "-c", code], input=json.dumps(v), capture_output=True, text=True,
                        cwd=SCRIPTS.parent, timeout=60, env=dict(os.environ, PYTHONHASHSEED="12345"), check=False)
