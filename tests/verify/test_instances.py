@@ -180,7 +180,38 @@ def test_an_instance_that_fails_requests_is_named_and_blamed(node):
     res = c["disaggregation.prefill-1"]
     assert "prefill-1 did not serve its part" in res.evidence and "prefill-1 HTTP 500" in res.evidence
     # decode-0 served with prefill-0: the fault is prefill-1's
-    assert "prefill-1 fails requests decode-0 serves with others" in res.hint
+    assert "the fault is prefill-1's: decode-0 serves with prefill-0" in res.hint
+
+
+def test_a_decode_that_fails_with_every_prefill_is_the_one_blamed(node):
+    node.engines["decode-0"].status = 500
+    rep = verify(node.run())
+    c = checks_of(rep)
+    assert {x.id for x in rep.failed()} == {"disaggregation.prefill-0", "disaggregation.prefill-1",
+                                            "disaggregation.decode-0"}, explain(rep)
+    assert "the fault is decode-0's: decode-0 failed with every partner tried (prefill-0, prefill-1)" \
+        in c["disaggregation.decode-0"].hint
+    for iid in ("prefill-0", "prefill-1"):
+        assert "the fault is likely decode-0's" in c[f"disaggregation.{iid}"].hint, c[f"disaggregation.{iid}"]
+
+
+def test_one_decode_for_two_hand_offs_and_a_second_decode_proven_alone():
+    """1P2D: prefill-0 is proven with decode-0; decode-1 gets its own hand-off with prefill-0."""
+    with ExitStack() as stack:
+        plan = contract_plan(prefills=1, decodes=2)
+        engines = {"prefill-0": FakeEngine("prefill"), "decode-0": FakeEngine("decode", attn_dp=4),
+                   "decode-1": FakeEngine("decode", attn_dp=4)}
+        urls = {k: stack.enter_context(fake_server(e.handler)) for k, e in engines.items()}
+        boot = stack.enter_context(fake_server(bootstrap_handler))
+        run = build_run(plan, router_url="http://127.0.0.1:1", instance_urls=[f"{k}={v}" for k, v in urls.items()],
+                        bootstrap_urls=[boot], env={}, skip_burst=True, on_node=True)
+        rep = verify(run)
+    c = checks_of(rep)
+    assert c["disaggregation.decode-1"].status == PASS and "prefill-0 + decode-1 hand-off" in \
+        c["disaggregation.decode-1"].evidence, explain(rep)
+    assert c["disaggregation.decode-0"].status == c["disaggregation.prefill-0"].status == PASS
+    assert len(engines["prefill-0"].generate_bodies) == 2  # max(N, M) hand-offs
+    assert c["router"].status == FAIL  # nothing listens on the router's port: it says so, the proofs still ran
 
 
 def test_router_lists_exactly_the_plans_instances(node):

@@ -277,6 +277,7 @@ def check_instance(ctx: Ctx, iid: str) -> Result:
         other = "decode" if inst.role == "prefill" else "prefill"
         why = f"no {other} instance passed its checks ({', '.join(down)})"
         return Result(SKIP, f"skipped: because {why}", "see the failed checks above", cause=why)
+    send_all(ctx)  # every instance's hand-off first: a failure is then judged knowing the others
     p, d = (inst, partner) if inst.role == "prefill" else (partner, inst)
     h = handoff(ctx, p, d)
     ctx.measurements.setdefault("instances", {})[iid] = {
@@ -307,11 +308,35 @@ def check_instance(ctx: Ctx, iid: str) -> Result:
     return Result(PASS, evidence)
 
 
+def send_all(ctx: Ctx) -> None:
+    """The hand-off of every instance whose own checks passed (each sent once)."""
+    for inst in ctx.t.instances:
+        if all(ctx.results.get(c) is not None and ctx.results[c].status in (PASS, WARN) for c in own_checks(inst)):
+            partner, _ = partner_for(ctx, inst)
+            if partner is not None:
+                handoff(ctx, *((inst, partner) if inst.role == "prefill" else (partner, inst)))
+
+
+def _failed_with(ctx: Ctx, iid: str) -> tuple[list[str], list[str]]:
+    """(partners an instance failed with, partners it served with) over every hand-off sent."""
+    failed, served = [], []
+    for (p, d), h in ctx.handoffs.items():
+        if iid in (p, d):
+            (served if h.answered else failed).append(d if iid == p else p)
+    return failed, served
+
+
 def _blame(ctx: Ctx, inst: Instance, partner: Instance, h: Handoff) -> str:
-    """Which side of a failed hand-off is at fault, when the other side proved itself elsewhere."""
-    if any(o.answered for k, o in ctx.handoffs.items() if partner.id in k and inst.id not in k):
-        return (f"{inst.id} fails requests {partner.id} serves with others: {unit_hint(ctx, inst.id)}; "
-                f"{RUNBOOK}#disaggregation")
-    return (f"the pair {h.prefill} + {h.decode} failed; the other instance's disaggregation check says whether it "
-            f"serves with others; timeouts mean the KV cache never arrived (transfer backend); "
-            f"{RUNBOOK}#disaggregation")
+    """Which side of a failed hand-off is at fault, from every hand-off sent: the one that
+    served with another instance is fine; the one that failed with several is not."""
+    p_failed, p_served = _failed_with(ctx, partner.id)
+    mine_failed, _ = _failed_with(ctx, inst.id)
+    if p_served or (len(mine_failed) > 1 and len(p_failed) <= 1):
+        why = (f"{partner.id} serves with {', '.join(p_served)}" if p_served
+               else f"{inst.id} failed with every partner tried ({', '.join(mine_failed)})")
+        return f"the fault is {inst.id}'s: {why}; {unit_hint(ctx, inst.id)}; {RUNBOOK}#disaggregation"
+    if len(p_failed) > 1:
+        return (f"the fault is likely {partner.id}'s: it failed with every partner tried ({', '.join(p_failed)}); "
+                f"see disaggregation.{partner.id}; {RUNBOOK}#disaggregation")
+    return (f"the pair {h.prefill} + {h.decode} failed and neither served with another instance: read both logs; "
+            f"timeouts mean the KV cache never arrived (transfer backend); {RUNBOOK}#disaggregation")
