@@ -100,15 +100,10 @@ def test_the_migration_hint_of_an_old_inventory_gives_the_same_node():
     assert build_plan(migrated).as_dict() == build_plan(variables("gpu01")).as_dict()
 
 
-@pytest.mark.xfail(strict=True, reason="plan.py still adds 'pdnode_<role>_instances is required' for each role "
-                   "(diff proposed to the lead: no required line for a role whose retired variables are set)")
 def test_an_old_inventory_is_one_line():
     assert len(_problems(_old_gpu01())) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="fields.RETIRED_ROLE_VARIABLES is the cross product of roles and keys, so "
-                   "it names pdnode_decode_bootstrap_port (never a variable) and hints a key decode lacks "
-                   "(diff proposed to the lead)")
 def test_every_retired_variable_maps_to_a_key_of_its_role():
     wrong = [n for n, key in RETIRED_ROLE_VARIABLES.items()
              if n.split("_")[1] not in INSTANCE_KEYS_BY_NAME[key].roles]

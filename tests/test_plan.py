@@ -227,7 +227,7 @@ CASES = [
     ),
     pytest.param(
         {'pdnode_decode_dp_size': 4},
-        ['pdnode_decode_dp_size=4: is not a variable this bundle knows. Fix: remove or rename it (see docs/inventory.md for the variables).'],
+        ['pdnode_decode_dp_size=4: is not a variable this bundle knows. Fix: remove or rename it (dp_size is a key of each entry of pdnode_decode_instances).'],
         id='unknown_var',
     ),
     pytest.param(
@@ -442,8 +442,6 @@ def test_cli_check_article_decode_exits_1_with_one_line(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="cli.py looks the source up by the text before the first '.', "
-                   "which for an instance key still holds '[0]' (fix proposed to the lead)")
 def test_cli_check_names_the_file_that_set_the_instance(tmp_path):
     r = _cli("check", str(_article_inventory(tmp_path)))
     assert "host_vars/gpu01.yml" in r.stderr.strip().splitlines()[1], r.stderr

@@ -6,7 +6,9 @@ Exit codes everywhere: 0 ok, 1 the inventory (or the node) is wrong, 2 could not
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import re
 import sys
 from collections.abc import Sequence
 
@@ -28,7 +30,7 @@ def _plan_or_exit(args: argparse.Namespace) -> Plan:
         n = len(exc.problems)
         print(f"{args.inventory}: {n} problem{'s' * (n != 1)} in host {hv.host}:", file=sys.stderr)
         for problem in exc.problems:
-            where = hv.sources.get(problem.field.split(".")[0], "")
+            where = hv.sources.get(re.split(r"[.\[]", problem.field, maxsplit=1)[0], "")
             print(f"  {problem}" + (f"  [{where}]" if where else ""), file=sys.stderr)
         raise SystemExit(EXIT_INVALID) from None
     for warning in plan.warnings:
@@ -118,7 +120,8 @@ def _add_inventory(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="host of the inventory (needed when it has several)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; ``command`` (the first argument) picks the optional module to load."""
     parser = argparse.ArgumentParser(prog="pdnode", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("check", help="validate an inventory (exit 0 valid, 1 invalid, 2 unreadable)")
@@ -132,26 +135,43 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="who runs where: role, GPUs, parallelism, ports")
     _add_inventory(p)
     p.set_defaults(func=cmd_explain)
-    _register_optional(sub)
+    _register_optional(sub, command)
     return parser
 
 
-def _register_optional(sub: argparse._SubParsersAction) -> None:
-    """Subcommands that live in their own modules (imported here, not at the top, so that
-    `pdnode check` stays fast: it never loads the verifier's HTTP and metrics code)."""
-    from . import bench, collect, placement
-    from .verify import cli as verify_cli
-    from . import planner
+# Subcommands that live in their own modules, imported only when that command runs, so
+# that `pdnode check` stays fast (it never loads the verifier's HTTP and metrics code or
+# the bench client). The other commands are listed in --help by a one-line stub;
+# tests/test_cli.py checks each stub's help against its module's.
+OPTIONAL = {
+    "verify": "pdnode.verify.cli",
+    "placement": "pdnode.placement",
+    "collect": "pdnode.collect",
+    "plan": "pdnode.planner",
+    "bench": "pdnode.bench",
+}
+OPTIONAL_HELP = {
+    "verify": "verify a running node (exit 0 ok, 1 a check failed, 2 could not run)",
+    "placement": "check GPU/NUMA/NIC placement against `nvidia-smi topo -m` (exit 0 best, 1 a better one exists, "
+                 "2 cannot read)",
+    "collect": "the incident bundle: every host's state, logs and files in one tar.gz (runs playbooks/collect.yml)",
+    "plan": "rank the host's prefill/decode layouts for a workload from bench measurements",
+    "bench": "load through the router; throughput, TTFT/ITL/E2E and per-instance work (exit 0 all completed, "
+             "1 bad input or failures, 2 could not run)",
+}
 
-    verify_cli.register(sub)
-    placement.register(sub)
-    collect.register(sub)
-    planner.register(sub)
-    bench.register(sub)
+
+def _register_optional(sub: argparse._SubParsersAction, command: str | None) -> None:
+    for name, module in OPTIONAL.items():
+        if name == command:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=OPTIONAL_HELP[name], add_help=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -136,4 +136,5 @@ RETIRED_ROLE_VARIABLES = {
     f"pdnode_{role}_{key}": key for role in ("prefill", "decode") for key in (
         "gpus", "tp_size", "attn_dp_size", "ep_size", "moe_dense_tp_size", "enable_dp_lm_head", "port",
         "bootstrap_port", "nccl_port", "mem_fraction_static", "extra_args")
+    if role in INSTANCE_KEYS_BY_NAME[key].roles  # no pdnode_decode_bootstrap_port: decode has none
 }

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import instances as inst_rules
 from . import values
-from .fields import BY_NAME, FIELDS, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
+from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
 from .instances import Instance
 from .ports import allocate
 
@@ -140,7 +140,8 @@ class _Checker:
         spec = BY_NAME[name]
         if name not in self.raw or self.raw[name] is None and spec.default is not None:
             if spec.default is REQUIRED:
-                self.error(name, None, "is required and not set", f"set {name} ({spec.doc}) in group_vars")
+                if not _retired_for(self.raw, name):  # else check_retired's one line says it all
+                    self.error(name, None, "is required and not set", f"set {name} ({spec.doc}) in group_vars")
                 return None
             return spec.default
         value = self.raw[name]
@@ -170,11 +171,20 @@ class _Checker:
         return float(value) if spec.kind == "float" or (spec.kind == "float_or_none" and value is not None) else value
 
 
+def _retired_for(raw: dict[str, Any], name: str) -> bool:
+    """Whether the one-instance variables that ``name`` (pdnode_<role>_instances) replaced are set."""
+    role = name.removesuffix("instances")
+    return name.endswith("_instances") and any(n.startswith(role) for n in raw if n in RETIRED_ROLE_VARIABLES)
+
+
 def _unknown_variables(c: _Checker) -> None:
     for name in sorted(c.raw):
         if name.startswith("pdnode_") and name not in BY_NAME and name not in RETIRED_ROLE_VARIABLES:
             close = [f.name for f in FIELDS if _similar(name, f.name)]
             hint = f"did you mean {close[0]}?" if close else "see docs/inventory.md for the variables"
+            role, _, key = name.removeprefix("pdnode_").partition("_")
+            if key in INSTANCE_KEYS_BY_NAME and role in INSTANCE_KEYS_BY_NAME[key].roles:
+                hint = f"{key} is a key of each entry of pdnode_{role}_instances"
             c.error(name, c.raw[name], "is not a variable this bundle knows", f"remove or rename it ({hint})")
 
 
