@@ -1,4 +1,4 @@
-"""Argument tables of SGLang's and sglang-router's own parsers, and the type check of
+"""Argument tables of SGLang's, sglang-router's and smg's own parsers, and the type check of
 ``pdnode_*_extra_args`` values against them.
 
 A table maps an argument's dest (the underscored name the inventory uses) to what its
@@ -12,6 +12,8 @@ The tables are generated from the real parsers and committed as small JSON files
         > scripts/pdnode/data/serverargs-0.5.23.json
     # sglang-router (installed in .venv):
     .venv/bin/python -m pdnode.argtable router > scripts/pdnode/data/routerargs-0.3.2.json
+    # smg, the router's successor (a Python with smg installed):
+    PYTHONPATH=scripts python -m pdnode.argtable smg > scripts/pdnode/data/routerargs-smg-1.13.0.json
 
 tests/conformance/test_argtables.py and tests/test_plan_hostile.py check both are current.
 """
@@ -27,6 +29,9 @@ from typing import Any
 
 SGLANG_TABLE = "data/serverargs-0.5.23.json"
 ROUTER_TABLE = "data/routerargs-0.3.2.json"
+SMG_TABLE = "data/routerargs-smg-1.13.0.json"
+# Argument table of each router package the launcher can start (pdnode.router_launch).
+ROUTER_TABLES = {"sglang-router": ROUTER_TABLE, "smg": SMG_TABLE}
 
 
 def _kind(action: argparse.Action) -> str:
@@ -35,7 +40,7 @@ def _kind(action: argparse.Action) -> str:
     t = action.type
     if t is None or t is str:
         return "str"
-    if t is int:
+    if t is int or getattr(t, "__name__", "") == "_non_negative_int":  # smg's unsigned settings
         return "int"
     if t is float:
         return "float"
@@ -76,6 +81,14 @@ def router_table() -> dict[str, dict[str, Any]]:
     from sglang_router.router_args import RouterArgs
 
     parser = argparse.ArgumentParser(prog="sglang_router.launch_router")
+    RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    return describe_parser(parser)
+
+
+def smg_table() -> dict[str, dict[str, Any]]:
+    from smg.router_args import RouterArgs
+
+    parser = argparse.ArgumentParser(prog="smg launch")
     RouterArgs.add_cli_args(parser, use_router_prefix=False)
     return describe_parser(parser)
 
@@ -140,13 +153,15 @@ def value_problem(entry: dict[str, Any], value: Any) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pdnode.argtable", description=__doc__.splitlines()[0])
-    ap.add_argument("which", choices=["sglang", "router"])
+    ap.add_argument("which", choices=["sglang", "router", "smg"])
     args = ap.parse_args(argv)
+    from importlib.metadata import version
+
     if args.which == "sglang":
-        from importlib.metadata import version
         sys.stdout.write(dump(sglang_table(), f"sglang {version('sglang')}"))
+    elif args.which == "smg":
+        sys.stdout.write(dump(smg_table(), f"smg {version('smg')}"))
     else:
-        from importlib.metadata import version
         sys.stdout.write(dump(router_table(), f"sglang-router {version('sglang-router')}"))
     return 0
 
