@@ -68,9 +68,9 @@ def cases(plan: dict[str, Any], rules: dict[str, dict[str, Any]]) -> list[dict[s
     jobs = monitoring.SCRAPE_JOBS
     ports = plan["ports"]
     inst = {
-        "prefill": f"127.0.0.1:{ports['pdnode_prefill_port']}",
-        "decode": f"127.0.0.1:{ports['pdnode_decode_port']}",
-        "router": f"127.0.0.1:{ports['pdnode_router_metrics_port']}",
+        "prefill": f"127.0.0.1:{ports['prefill-0.port']}",
+        "decode": f"127.0.0.1:{ports['decode-0.port']}",
+        "router": f"127.0.0.1:{ports['router.metrics_port']}",
         "node": "127.0.0.1:9100",
         "dcgm": "127.0.0.1:9400",
     }
@@ -78,7 +78,7 @@ def cases(plan: dict[str, Any], rules: dict[str, dict[str, Any]]) -> list[dict[s
     # Scheduler-level series carry rank labels (standin/metrics.py); the rules sum them away.
     rank = {"model_name": "m", "engine_type": "prefill", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
     thresholds = plan["settings"]["pdnode_verify_thresholds"]
-    units = plan["install"]
+    units = {f"unit_{role}": plan["services"][f"{role}-0"]["unit"] for role in ("prefill", "decode")}
     prefix = plan["install"]["prefix"]
     out: list[dict[str, Any]] = []
 

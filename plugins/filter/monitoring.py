@@ -1,0 +1,54 @@
+"""Ansible filters over pdnode.monitoring (the monitoring role's files). No rule lives here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ansible.errors import AnsibleFilterError
+
+try:
+    from pdnode import monitoring
+except ImportError:  # running from a checkout without the package installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from pdnode import monitoring
+
+
+def _plain(value):
+    """Ansible's tagged strings and containers as plain Python data (PyYAML refuses them)."""
+    return json.loads(json.dumps(value))
+
+
+def _call(function, *args, **kwargs):
+    try:
+        return function(*map(_plain, args), **{k: _plain(v) for k, v in kwargs.items()})
+    except (monitoring.ScrapeConfigError, monitoring.TemplateError) as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def pdnode_scrape_config(plan: dict, node_exporter: str, dcgm_exporter: str, scrape_interval: str) -> str:
+    """plan -> prometheus.yml text."""
+    return _call(monitoring.render_scrape_config, plan, node_exporter=node_exporter,
+                 dcgm_exporter=dcgm_exporter, scrape_interval=scrape_interval)
+
+
+def pdnode_alert_rules(plan: dict) -> str:
+    """plan -> the alert rules file text."""
+    return _call(monitoring.render_alert_rules, plan)
+
+
+def pdnode_dcgm_counters(default_csv: str) -> str:
+    """dcgm-exporter's default-counters.csv -> the counters the rules need."""
+    return _call(monitoring.dcgm_counters, default_csv)
+
+
+def pdnode_monitoring_facts(plan: dict) -> dict:
+    """GPU host or not, the node exporter's flags, the rules file path, the job names."""
+    return monitoring.role_facts(_plain(plan))
+
+
+class FilterModule:
+    def filters(self):
+        return {"pdnode_scrape_config": pdnode_scrape_config, "pdnode_alert_rules": pdnode_alert_rules,
+                "pdnode_dcgm_counters": pdnode_dcgm_counters, "pdnode_monitoring_facts": pdnode_monitoring_facts}
