@@ -149,6 +149,7 @@ OPTIONAL = {
     "collect": "pdnode.collect",
     "plan": "pdnode.planner",
     "bench": "pdnode.bench",
+    "runbooks": "pdnode.runbooks",
 }
 OPTIONAL_HELP = {
     "verify": "verify a running node (exit 0 ok, 1 a check failed, 2 could not run)",
@@ -158,6 +159,7 @@ OPTIONAL_HELP = {
     "plan": "rank the host's prefill/decode layouts for a workload from bench measurements",
     "bench": "load through the router; throughput, TTFT/ITL/E2E and per-instance work (exit 0 all completed, "
              "1 bad input or failures, 2 could not run)",
+    "runbooks": "write per-host runbooks (units, ports, paths, commands) to .cache/runbooks/<host>/",
 }
 
 

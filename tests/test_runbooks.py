@@ -1,0 +1,271 @@
+"""Per-host runbooks (pdnode.runbooks): rendered from templates/runbooks/ with each host's
+real units, ports and paths; no key content; a page per alert of the rules template;
+shell commands that name only units the plan (or the monitoring role) has; the CLI writes
+a host's directory whole or not at all."""
+
+from __future__ import annotations
+
+import copy
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from pdnode import monitoring, runbooks
+from pdnode.cli import main
+from pdnode.inventory import load_inventory
+from pdnode.plan import build_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+INVENTORIES = ["gpu01", "gpu01-2p1d", "demo"]
+SH_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
+UNIT_TOKEN = re.compile(r"[A-Za-z0-9][\w.@-]*\.(?:service|target)\b")
+SYSTEMCTL_VERBS = {"start", "stop", "restart", "status", "show", "is-active", "reload", "kill"}
+
+
+def plan_of(inventory: Path | str, host: str | None = None) -> dict:
+    hv = load_inventory(inventory, host)
+    return build_plan(hv.variables, hv.host).as_dict()
+
+
+@pytest.fixture(scope="module", params=INVENTORIES)
+def rendered(request):
+    plan = plan_of(ROOT / "inventories" / request.param)
+    return plan, runbooks.render_runbooks(plan, f"inventories/{request.param}")
+
+
+def sh_blocks(text: str) -> list[str]:
+    return [line for block in SH_BLOCK.findall(text) for line in block.splitlines() if line.strip()]
+
+
+def unit_references(line: str) -> tuple[set[str], set[str]]:
+    """(units, journal identifiers) a shell line names: every *.service/*.target token,
+    every argument of `systemctl VERB` and of `journalctl -u/--unit` (a bare name there is a
+    unit too: systemd adds .service), and every `--identifier` value."""
+    units = set(UNIT_TOKEN.findall(line))
+    idents = set()
+    for command in re.split(r"[|;]|&&", line):
+        words = command.split()
+        if words[:1] == ["sudo"]:
+            words = words[1:]
+        if not words:
+            continue
+        if words[0] == "systemctl" and len(words) > 1 and words[1] in SYSTEMCTL_VERBS:
+            args = words[2:]
+            skip = False
+            for w in args:
+                if skip:
+                    skip = False
+                elif w in ("-p", "--property"):
+                    skip = True
+                elif not w.startswith("-") and not w.startswith("#"):
+                    units.add(w if w.endswith((".service", ".target")) else w + ".service")
+                elif w.startswith("#"):
+                    break
+        if words[0] == "journalctl":
+            for flag, value in zip(words, words[1:]):
+                if flag in ("-u", "--unit"):
+                    units.add(value if value.endswith((".service", ".target")) else value + ".service")
+                if flag in ("-t", "--identifier"):
+                    idents.add(value)
+    return units, idents
+
+
+def test_overview_names_every_unit_port_and_config_path(rendered):
+    plan, files = rendered
+    readme = files["README.md"]
+    for s in plan["services"].values():
+        for value in (s["unit"], s["config"], s["env_file"]):
+            assert value in readme, f"{value} missing from README.md of {plan['host']}"
+    missing = [f"{name}={port}" for name, port in plan["ports"].items() if f"| {port} |" not in readme]
+    assert not missing, f"ports missing from the port table: {missing}"
+    assert plan["install"]["target"] in readme
+    for key in ("api_key_path", "admin_key_path", "config_dir", "venv"):
+        assert plan["install"][key] in readme
+
+
+def test_each_instance_has_its_own_commands(rendered):
+    plan, files = rendered
+    start_stop, not_serving = files["start-stop.md"], files["node-not-serving.md"]
+    for s in plan["services"].values():
+        assert f"sudo systemctl restart {s['unit']}" in start_stop
+        ident = s["unit"].removesuffix(".service")
+        assert f"journalctl -u {s['unit']} --identifier {ident}" in not_serving
+        if s["role"] in ("prefill", "decode"):
+            assert f"{s['url']}/health" in not_serving
+        if s["role"] == "prefill":
+            assert f"127.0.0.1:{s['bootstrap_port']}/health" in not_serving
+    router = plan["services"]["router"]
+    assert f"{router['url']}/readiness" in not_serving
+    # The admin key goes through a pipe into curl's stdin (-H @-), never onto argv.
+    workers = [l for l in sh_blocks(not_serving) if "/workers" in l]
+    assert workers and all(f"sed 's/^/Authorization: Bearer /' {plan['install']['admin_key_path']} | curl" in l
+                           and "-H @-" in l for l in workers), workers
+
+
+def test_restart_coupling_follows_the_plan(rendered):
+    plan, files = rendered
+    text = files["start-stop.md"]
+    bound = [s for s in plan["services"].values() if s.get("bound_to")]
+    if bound:
+        prefill = next(s for s in plan["services"].values() if s["upholds"])
+        assert f"Coupled: {prefill['id']} is the node's one prefill" in text
+        for d in bound:
+            assert f"Coupled: bound to `{d['bound_to']}`" in text
+    else:
+        assert "Coupled" not in text
+        assert text.count("Not coupled") == sum(s["role"] in ("prefill", "decode") for s in plan["services"].values())
+
+
+def test_every_alert_of_the_rules_template_has_a_page(rendered):
+    plan, files = rendered
+    template = yaml.safe_load(monitoring.TEMPLATE.read_text())
+    names = [r["alert"] for g in template["groups"] for r in g["rules"] if "alert" in r]
+    assert len(names) >= 10
+    pages = {name.removeprefix("alerts/").removesuffix(".md") for name in files if name.startswith("alerts/")}
+    assert pages == set(names)
+    active = set(monitoring.alert_names(monitoring.alert_rules(plan)))
+    for name in names:
+        page = files[f"alerts/{name}.md"]
+        assert f"alert {name} fired" in page
+        assert f"](alerts/{name}.md)" in files["README.md"]
+        # Marked inactive exactly when this host's rules file lacks the rule.
+        assert ("Not in this host's rules file" in page) == (name not in active), name
+    # The demo (stand-in engine) has no GPU alerts; gpu01 has every alert.
+    if plan["install"]["engine"] == "sim":
+        assert {"PdGpuXid", "PdGpuEccError", "PdGpuMetricsMissing"} <= set(names) - active
+    else:
+        assert active == set(names)
+
+
+def test_alert_pages_map_labels_to_this_hosts_services(rendered):
+    plan, files = rendered
+    engines = [s for s in plan["services"].values() if s["role"] in ("prefill", "decode")]
+    bootstrap = files["alerts/PdBootstrapFailures.md"]
+    for s in engines:
+        address = s["url"].removeprefix("http://")
+        assert f"| {address} | {s['id']} | `{s['unit']}` |" in bootstrap
+    worker = files["alerts/PdWorkerUnhealthy.md"]
+    for s in engines:
+        assert f"| {s['url']} | {s['id']} | `{s['unit']}` |" in worker
+    xid = files["alerts/PdGpuXid.md"]
+    for s in engines:
+        for g in s["gpus"]:
+            assert f"| {g} | {s['id']} | `{s['unit']}` |" in xid
+    down = files["alerts/PdTargetDown.md"]
+    router = plan["services"]["router"]
+    assert router["metrics_url"].removeprefix("http://").removesuffix("/metrics") in down
+
+
+def test_shell_commands_name_only_units_of_the_plan(rendered):
+    plan, files = rendered
+    plan_units = {s["unit"] for s in plan["services"].values()}
+    allowed = plan_units | {plan["install"]["target"]} | set(runbooks.EXPORTER_UNITS.values())
+    idents = {u.removesuffix(".service") for u in plan_units}
+    seen: set[str] = set()
+    bad = []
+    for name, text in files.items():
+        for line in sh_blocks(text):
+            units, ids = unit_references(line)
+            seen |= units
+            bad += [f"{name}: {u} in `{line}`" for u in units - allowed]
+            bad += [f"{name}: identifier {i} in `{line}`" for i in ids - idents]
+    assert not bad, "\n".join(bad)
+    assert plan_units <= seen, f"units never in a command: {plan_units - seen}"
+    if not monitoring.gpu_host(plan):
+        assert runbooks.EXPORTER_UNITS["dcgm"] not in seen
+
+
+def test_the_unit_parser_catches_a_unit_the_plan_lacks():
+    """The check above would pass vacuously if the parser found nothing."""
+    assert unit_references("sudo systemctl restart sglang-pd-prefill") == ({"sglang-pd-prefill.service"}, set())
+    assert unit_references("journalctl -u foo --identifier bar -n 5 | grep x")[0] == {"foo.service"}
+    assert unit_references("journalctl -u foo --identifier bar -n 5")[1] == {"bar"}
+    assert unit_references("systemctl show a.service b.service -p Id,NRestarts") == ({"a.service", "b.service"}, set())
+
+
+def test_exporter_units_are_the_monitoring_roles():
+    tasks = "\n".join(p.read_text() for p in (ROOT / "roles" / "monitoring" / "tasks").glob("*.yml"))
+    for unit in runbooks.EXPORTER_UNITS.values():
+        assert unit in tasks, f"{unit} is not a unit roles/monitoring starts"
+
+
+def copy_inventory(src: str, dst: Path) -> Path:
+    shutil.copytree(ROOT / "inventories" / src, dst)  # symlinks followed: a self-contained copy
+    return dst
+
+
+def test_no_key_content_in_any_runbook(tmp_path):
+    inv = copy_inventory("gpu01", tmp_path / "inv")
+    secret = secrets.token_hex(24)
+    key = tmp_path / "api-key"
+    key.write_text(secret + "\n")
+    key.chmod(0o600)
+    (inv / "host_vars").mkdir(exist_ok=True)
+    (inv / "host_vars" / "gpu01.yml").write_text(f"pdnode_api_key_file: {key}\n")
+    plan = plan_of(inv)
+    assert plan["settings"]["pdnode_api_key_file"], "the key file must reach the plan for this test to mean anything"
+    assert main(["runbooks", str(inv), "--out", str(tmp_path / "out")]) == 0
+    texts = [p.read_text() for p in (tmp_path / "out" / "gpu01").rglob("*.md")]
+    assert len(texts) == len(runbooks.PAGES) + len(monitoring.alert_names(yaml.safe_load(monitoring.TEMPLATE.read_text())))
+    assert not [t for t in texts if secret in t]
+    assert any(plan["install"]["api_key_path"] in t for t in texts)  # the path is named, not the content
+
+
+def test_cli_writes_every_file_of_every_host_and_replaces_whole(tmp_path, capsys):
+    inv = copy_inventory("demo", tmp_path / "inv")
+    tree = yaml.safe_load((inv / "hosts.yml").read_text())
+    hosts = tree["all"]["children"]["pd_nodes"]["hosts"]
+    hosts["second"] = dict(hosts["pdnode-demo"], ansible_host="second")
+    (inv / "hosts.yml").write_text(yaml.safe_dump(tree))
+    out = tmp_path / "out"
+    stale = out / "second" / "stale.md"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("from an older render\n")
+    assert main(["runbooks", str(inv), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == ["pdnode-demo", "second"]
+    for host in ("pdnode-demo", "second"):
+        expected = runbooks.render_runbooks(plan_of(inv, host), str(inv))
+        written = {str(p.relative_to(out / host)): p.read_text() for p in (out / host).rglob("*") if p.is_file()}
+        assert written == expected
+    assert not stale.exists()
+    assert sorted(p.name for p in out.iterdir()) == ["pdnode-demo", "second"]  # no temporary directories left
+    # --host renders that host only.
+    shutil.rmtree(out)
+    assert main(["runbooks", str(inv), "--host", "second", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["second"]
+
+
+def test_cli_bad_inventory_is_one_line_and_writes_nothing(tmp_path, capsys):
+    inv = copy_inventory("demo", tmp_path / "inv")
+    tree = yaml.safe_load((inv / "hosts.yml").read_text())
+    hosts = tree["all"]["children"]["pd_nodes"]["hosts"]
+    hosts["broken"] = dict(hosts["pdnode-demo"])
+    (inv / "hosts.yml").write_text(yaml.safe_dump(tree))
+    (inv / "host_vars").mkdir(exist_ok=True)
+    (inv / "host_vars" / "broken.yml").write_text("pdnode_router_port: 70000\n")
+    out = tmp_path / "out"
+    assert main(["runbooks", str(inv), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert "broken" in err and "pdnode_router_port" in err and "70000" in err
+    assert not out.exists()  # the good host is not written either: all or nothing
+    assert main(["runbooks", str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_a_value_that_is_no_unit_name_is_refused_not_printed():
+    plan = copy.deepcopy(plan_of(ROOT / "inventories" / "demo"))
+    plan["services"]["router"]["unit"] = "x;reboot.service"
+    with pytest.raises(runbooks.RunbookError, match=r"services\.router\.unit: 'x;reboot\.service'"):
+        runbooks.render_runbooks(plan)
+
+
+def test_an_inventory_path_with_a_space_is_quoted_in_commands():
+    plan = plan_of(ROOT / "inventories" / "demo")
+    files = runbooks.render_runbooks(plan, "my inventories/demo")
+    lines = [l for l in sh_blocks(files["verify-collect-bench.md"]) if "pdnode check" in l]
+    assert lines == [f".venv/bin/pdnode check 'my inventories/demo' --host {plan['host']}"]
