@@ -28,6 +28,7 @@ from pdnode import bench, bench_counters, bench_report
 from pdnode.cli import main as pdnode_main
 
 REPO = Path(__file__).resolve().parents[1]
+API_KEY = "sk-bench-3f9a1c77"  # the integration node's (a test value)
 DATA = REPO / "tests" / "verify" / "data"
 
 
@@ -385,8 +386,8 @@ def _status(url: str) -> int:
 
 @contextlib.contextmanager
 def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """A 2-prefill + 1-decode node on 127.0.0.1 started from the plan of an inventory with
-    ansible_connection: local (so `pdnode bench` reads the counters directly). Its release
+    """A 2-prefill + 1-decode node on 127.0.0.1, every service requiring API_KEY, started from
+    the plan of an inventory with ansible_connection: local (so `pdnode bench` reads the counters directly). Its release
     virtualenv (install.venv, under a private pdnode_install_root) is this Python's, so
     playbooks/bench.yml finds pdnode there. Yields (inventory directory, plan)."""
     from pdnode.inventory import load_inventory
@@ -399,6 +400,9 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     root = Path(tempfile.mkdtemp(prefix="test-bench-", dir=REPO / ".cache")) / "root"
     (model / "config.json").write_text((REPO / "playbooks/files/demo-moe/config.json").read_text())
     p0, b0, p1, b1, d0, router, metrics, n0, n1, n2 = _free_ports(10)
+    key_file = tmp / "api-key"  # every service requires it: the client must send it
+    key_file.write_text(API_KEY + "\n")
+    key_file.chmod(0o600)
     inv = tmp / "inv"
     (inv / "group_vars" / "all").mkdir(parents=True)
     (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"benchnode": {"ansible_connection": "local"}}}}))
@@ -407,7 +411,7 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
         "pdnode_model_path": str(model), "pdnode_model_served_name": "demo-moe", "pdnode_model_kind": "moe_mla",
         "pdnode_transfer_backend": "mooncake_tcp", "pdnode_router_host": "127.0.0.1", "pdnode_router_port": router,
         "pdnode_router_metrics_port": metrics, "pdnode_sim_decode_ms_per_token": 2.0,
-        "pdnode_install_root": str(root),
+        "pdnode_install_root": str(root), "pdnode_api_key_file": str(key_file),
         "pdnode_sim_prefill_ms_per_token": 0.01, "pdnode_sim_startup_s": 0.0,
         "pdnode_prefill_instances": [{"gpus": [0, 1], "port": p0, "bootstrap_port": b0, "nccl_port": n0},
                                      {"gpus": [2, 3], "port": p1, "bootstrap_port": b1, "nccl_port": n1}],
@@ -429,11 +433,11 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
             logs.append(log)
             if svc["role"] == "router":
                 argv = [sys.executable, "-m", "sglang_router.launch_router", *plan["router_argv"],
-                        "--worker-startup-check-interval", "1"]
+                        "--worker-startup-check-interval", "1", "--api-key", API_KEY]
             else:
                 cfg = tmp / f"{sid}.json"
                 cfg.write_text(json.dumps(svc["args"]))
-                argv = [sys.executable, "-m", "pdnode.standin", str(cfg)]
+                argv = [sys.executable, "-m", "pdnode.standin", str(cfg), "--api-key-file", str(key_file)]
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
                                           env={**env, **svc.get("environment", {})}, start_new_session=True))
         deadline = time.monotonic() + 90
@@ -501,14 +505,31 @@ def test_bench_through_the_real_router_agrees_with_the_engines_counters(
     # throughput is what was counted over the client's wall time
     assert res["output_token_throughput"] == pytest.approx(res["output_tokens"] / res["duration_s"], rel=1e-6)
     assert "running sglang.bench_serving" in proc.stderr
+    assert API_KEY not in proc.stdout + proc.stderr
     print(f"pdnode bench (24 requests, local 2P1D stand-in node): {took:.1f} s wall; "
           f"{res['request_throughput']:.1f} req/s, TTFT p50 {res['ttft_s']['p50'] * 1000:.1f} ms")
+
+
+@pytest.mark.integration
+def test_a_wrong_api_key_is_one_line_before_the_client_starts(node: tuple[Path, dict[str, Any]]) -> None:
+    _, plan = node
+    base = f"http://127.0.0.1:{plan['services']['router']['args']['port']}"
+    wl = bench.workload(args(input_len="8", output_len="2"))
+    bench.warm_up(base, API_KEY, wl)  # the right key passes
+    for key in ("sk-wrong", None):
+        with pytest.raises(bench.BenchError) as exc:
+            bench.warm_up(base, key, wl)
+        assert "HTTP 401" in str(exc.value) and "pdnode_api_key_file" in str(exc.value)
+        assert "\n" not in str(exc.value)
 
 
 @pytest.mark.integration
 def test_the_playbook_reads_every_engines_counters_on_the_host(node: tuple[Path, dict[str, Any]],
                                                                tmp_path: Path) -> None:
     inv, plan = node
+    # one request, so that some counter is above zero whatever ran before
+    bench.warm_up(f"http://127.0.0.1:{plan['services']['router']['args']['port']}", API_KEY,
+                  bench.workload(args(input_len="8", output_len="2")))
     ansible_playbook = Path(sys.executable).parent / "ansible-playbook"
     extra = {"bench_counters_dir": str(tmp_path), "ansible_python_interpreter": sys.executable,
              "ansible_become": False}  # this machine is the node here, and needs no sudo
@@ -523,7 +544,8 @@ def test_the_playbook_reads_every_engines_counters_on_the_host(node: tuple[Path,
     for iid, inst in got["instances"].items():
         assert inst["error"] is None, inst
         assert inst["counters"] == direct["instances"][iid]["counters"]
-        assert sum(v for _, v in inst["counters"]["sglang:num_requests_total"]) > 0
+    decode = got["instances"]["decode-0"]["counters"]
+    assert sum(v for _, v in decode["sglang:generation_tokens_total"]) >= 2
 
 
 @pytest.mark.integration

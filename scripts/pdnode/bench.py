@@ -369,7 +369,7 @@ def _bench(args: argparse.Namespace) -> int:
                          router_host=base_url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]"),
                          stub_dir=str(work / "stubs"))
 
-        say(f"router {base_url}; warming up ({wl['warmup_requests']} requests)")
+        say(f"router {base_url}; warm-up requests: {wl['warmup_requests']}")
         warm_up(base_url, api_key, wl)
         say("reading the engines' counters (before)")
         before, why_before = read_counters()
