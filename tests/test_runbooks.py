@@ -269,3 +269,13 @@ def test_an_inventory_path_with_a_space_is_quoted_in_commands():
     files = runbooks.render_runbooks(plan, "my inventories/demo")
     lines = [l for l in sh_blocks(files["verify-collect-bench.md"]) if "pdnode check" in l]
     assert lines == [f".venv/bin/pdnode check 'my inventories/demo' --host {plan['host']}"]
+
+
+def test_an_inventory_without_thresholds_renders_and_says_which_rules_are_absent():
+    plan = copy.deepcopy(plan_of(ROOT / "inventories" / "gpu01"))
+    plan["settings"]["pdnode_verify_thresholds"] = {}
+    files = runbooks.render_runbooks(plan)
+    for alert, key in (("PdKvTransferSlow", "kv_transfer_speed_min_gb_s"), ("PdTtftP99High", "ttft_p99_max_s"),
+                       ("PdItlP99High", "itl_p99_max_s")):
+        assert f"the inventory sets no pdnode_verify_thresholds.{key}" in files[f"alerts/{alert}.md"]
+    assert "Not in this host's rules file" not in files["alerts/PdBootstrapFailures.md"]
