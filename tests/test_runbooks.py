@@ -9,6 +9,7 @@ import copy
 import re
 import secrets
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -279,3 +280,15 @@ def test_an_inventory_without_thresholds_renders_and_says_which_rules_are_absent
                        ("PdItlP99High", "itl_p99_max_s")):
         assert f"the inventory sets no pdnode_verify_thresholds.{key}" in files[f"alerts/{alert}.md"]
     assert "Not in this host's rules file" not in files["alerts/PdBootstrapFailures.md"]
+
+
+def test_every_shell_block_is_valid_bash(rendered):
+    """Each ```sh block parses (bash -n): quoting of URLs with ? and &, pipes, comments."""
+    _, files = rendered
+    bash = shutil.which("bash")
+    assert bash, "bash is needed to check the runbooks' shell blocks"
+    blocks = [(name, block) for name, text in files.items() for block in SH_BLOCK.findall(text)]
+    assert len(blocks) > len(files)  # most pages have more than one
+    for name, block in blocks:
+        result = subprocess.run([bash, "-n"], input=block, capture_output=True, text=True, check=False)
+        assert result.returncode == 0, f"{name}: {result.stderr}\n{block}"
