@@ -158,4 +158,5 @@ def _wait_200(what: str, url: str, timeout: float, cluster: Cluster) -> None:
             if request("GET", url, timeout=2.0).status == 200:
                 return
         time.sleep(0.1)
-    raise NodeError(f"timed out after {timeout:.0f}s waiting for {what}")
+    tails = "\n".join(f"--- {name}.log ---\n{cluster.log(name)[-1500:]}" for name in cluster.procs)
+    raise NodeError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
