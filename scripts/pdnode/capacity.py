@@ -43,7 +43,7 @@ _TP_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
 
 
 class Finding(NamedTuple):
-    """One line for the plan's checker: ``c.error(*f[:4])`` or ``c.warn(*f[:4])``."""
+    """One line for the plan's checker: ``c.error(f.rule_id, *f[:4])`` or ``c.warn(...)``."""
 
     field: str
     value: Any
@@ -51,12 +51,21 @@ class Finding(NamedTuple):
     fix: str
     severity: str = "error"  # error | warning
 
+    @property
+    def rule_id(self) -> str:
+        """Its id in pdnode.rules. check_instances makes three kinds, told apart by
+        severity and field (derived, so a Finding compares equal by its five fields)."""
+        if self.severity == "warning":
+            return "capacity-gpu-known"
+        return "capacity-gpus-for-all" if self.field == "pdnode_gpu_count" else "capacity-weights-fit"
+
 
 class WeightsError(ValueError):
     """The weights cannot be determined from the inventory's fields: one user line."""
 
-    def __init__(self, field: str, value: Any, rule: str, fix: str):
+    def __init__(self, rule_id: str, field: str, value: Any, rule: str, fix: str):
         super().__init__(f"{field}={value!r}: {rule}. Fix: {fix}.")
+        self.rule_id = rule_id  # pdnode.rules
         self.field, self.value, self.rule, self.fix = field, value, rule, fix
 
 
@@ -265,24 +274,26 @@ def weight_bytes(settings: dict[str, Any], repo_root: Path) -> tuple[int, str] |
     gb = settings.get("pdnode_model_weights_gb")
     if gb is not None:
         if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not math.isfinite(gb) or gb <= 0:
-            raise WeightsError("pdnode_model_weights_gb", gb, "is not a positive number of GB (1e9 bytes)",
+            raise WeightsError("capacity-weights-gb",
+                               "pdnode_model_weights_gb", gb, "is not a positive number of GB (1e9 bytes)",
                                "give the size of the model's weights, e.g. 671.0, or null")
         return int(gb * GB), f"pdnode_model_weights_gb {gb:g}"
     path = settings.get("pdnode_model_controller_path")
     if path is None:
         return None
     if not isinstance(path, str) or not path:
-        raise WeightsError("pdnode_model_controller_path", path, "is not a directory path",
+        raise WeightsError("capacity-model-dir", "pdnode_model_controller_path", path, "is not a directory path",
                            "give a directory with the model's config.json and model.safetensors.index.json, or null")
     full = Path(path) if Path(path).is_absolute() else repo_root / path
     try:
         found = weight_bytes_from_dir(full)
     except ValueError as exc:
-        raise WeightsError("pdnode_model_controller_path", path, str(exc),
+        raise WeightsError("capacity-model-dir", "pdnode_model_controller_path", path, str(exc),
                            "point it at a copy of the model's config.json and model.safetensors.index.json, "
                            "or set pdnode_model_weights_gb") from None
     if found is None:
-        raise WeightsError("pdnode_model_controller_path", path, f"{full} has no {INDEX_FILE}, no *.safetensors "
+        raise WeightsError("capacity-model-dir",
+                           "pdnode_model_controller_path", path, f"{full} has no {INDEX_FILE}, no *.safetensors "
                            "and no config.json", "copy the model's config.json and model.safetensors.index.json "
                            "there, or set pdnode_model_weights_gb")
     return found

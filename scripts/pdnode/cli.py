@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from .inventory import InventoryError, load_inventory
-from .plan import Plan, PlanError, build_plan
+from .plan import Plan, PlanError, Problem, build_plan
 
 EXIT_OK, EXIT_INVALID, EXIT_CANNOT_RUN = 0, 1, 2
 
@@ -38,7 +38,33 @@ def _plan_or_exit(args: argparse.Namespace) -> Plan:
     return plan
 
 
+def _problem_json(problem: Problem, sources: dict[str, str]) -> dict[str, object]:
+    value = problem.value
+    if isinstance(value, str) and len(value) > 120:  # as the text line shows it: a 2 MB value is not echoed
+        value = f"{value[:100]}... ({len(value)} characters)"
+    return {"rule": problem.rule_id, "field": problem.field, "value": value, "message": problem.rule,
+            "fix": problem.fix, "severity": problem.severity,
+            "source": sources.get(re.split(r"[.\[]", problem.field, maxsplit=1)[0])}
+
+
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.json:
+        # For scripts: the same verdict and exit code, every problem with its rule id
+        # (pdnode.rules; docs/inventory.md lists them). An unreadable inventory stays a
+        # line on stderr, exit 2: there is no plan to report on.
+        try:
+            hv = load_inventory(args.inventory, args.host)
+        except InventoryError as exc:
+            print(f"pdnode: {exc}", file=sys.stderr)
+            return EXIT_CANNOT_RUN
+        try:
+            problems, warnings = [], build_plan(hv.variables, hv.host).warnings
+        except PlanError as exc:
+            problems, warnings = exc.problems, []
+        print(json.dumps({"ok": not problems, "host": hv.host,
+                          "problems": [_problem_json(p, hv.sources) for p in problems],
+                          "warnings": [_problem_json(w, hv.sources) for w in warnings]}, indent=2, default=str))
+        return EXIT_INVALID if problems else EXIT_OK
     plan = _plan_or_exit(args)
     layout = ", ".join(f"{s['id']} GPUs {_gpus(s['gpus'])}" for s in plan.engines())
     print(f"{args.inventory}: host {plan.host} OK ({layout}; {len(plan.ports)} ports)")
@@ -126,6 +152,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("check", help="validate an inventory (exit 0 valid, 1 invalid, 2 unreadable)")
     _add_inventory(p)
+    p.add_argument("--json", action="store_true",
+                   help="print {ok, host, problems, warnings} on stdout, each problem with its rule id")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("render", help="print the JSON that will be written on the host")
     _add_inventory(p)

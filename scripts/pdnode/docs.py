@@ -1,4 +1,5 @@
-"""Generate docs/inventory.md from the one table of site variables (pdnode.fields).
+"""Generate docs/inventory.md from the one table of site variables (pdnode.fields) and
+the registry of the plan's rules (pdnode.rules).
 
     python -m pdnode.docs > docs/inventory.md     (tests/test_fields.py checks it is current)
 """
@@ -6,6 +7,7 @@
 from __future__ import annotations
 
 from .fields import FIELDS, INSTANCE_KEYS, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
+from .rules import RULES
 
 
 def inventory_markdown() -> str:
@@ -39,7 +41,8 @@ def inventory_markdown() -> str:
     lines += _instance_keys()
     lines += ["", "## `pdnode_verify_thresholds` keys", "", "| key | meaning |", "| --- | --- |"]
     lines += [f"| `{k}` | {v} |" for k, v in THRESHOLD_KEYS.items()]
-    lines += _retired()
+    lines += _rules()
+    lines += _retired()  # last: tests/test_fields.py reads it to the end
     return "\n".join(lines) + "\n"
 
 
@@ -75,6 +78,20 @@ def _retired() -> list[str]:
         "`pdnode_decode_instances: [{gpus: [4, 5, 6, 7], tp_size: 4}]`.",
         "",
         *[f"- {role}: {', '.join(names)}" for role, names in by_role.items()],
+    ]
+
+
+def _rules() -> list[str]:
+    return [
+        "", "## Rules", "",
+        "Every rule `pdnode check` enforces, by the id `pdnode check --json INVENTORY` reports with each",
+        "problem (`rule`). Ids are stable; messages may be reworded. From `scripts/pdnode/rules.py`;",
+        "`tests/test_rules.py` triggers each one. An error refuses the inventory (exit 1); a warning",
+        "is printed and the plan is built.",
+        "",
+        "| rule | severity | what it requires |",
+        "| --- | --- | --- |",
+        *[f"| `{r.id}` | {r.severity} | {r.doc} |" for r in RULES],
     ]
 
 

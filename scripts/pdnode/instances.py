@@ -108,7 +108,7 @@ def check_retired(c: Any) -> None:
         keys = {RETIRED_ROLE_VARIABLES[n]: c.raw[n] for n in found if n.startswith(f"pdnode_{role}_")}
         if keys:
             parts.append(f"pdnode_{role}_instances: [{_flow(keys)}]")
-    c.error(found[0], c.raw[found[0]],
+    c.error("variable-retired", found[0], c.raw[found[0]],
             f"the one-instance variables ({', '.join(found)}) were replaced by a list of instances per role "
             "(one spelling for one fact; docs/inventory.md)",
             "write " + " and ".join(parts) + " and remove the old variables")
@@ -118,15 +118,18 @@ def _typed(c: Any, where: str, key: str, entry: dict[str, Any], role: str) -> An
     spec = INSTANCE_KEYS_BY_NAME[key]
     if key not in entry or (entry[key] is None and spec.kind != "int_or_none"):
         if spec.default is REQUIRED:
-            c.error(f"{where}.{key}", None, "is required and not set", f"set {key} ({spec.doc})")
+            c.error("instance-key-required",
+                    f"{where}.{key}", None, "is required and not set", f"set {key} ({spec.doc})")
         return None if spec.default is REQUIRED else spec.default
     value = entry[key]
     if isinstance(value, str) and "{{" in value:
-        c.error(f"{where}.{key}", value, "templated values are not supported in the node description",
+        c.error("value-templated",
+                f"{where}.{key}", value, "templated values are not supported in the node description",
                 "write the literal value; the plan is computed without Ansible")
         return None
     if not _KIND_OK[spec.kind](value):
-        c.error(f"{where}.{key}", value, f"must be {_KIND_WORDS[spec.kind]}", f"write {key} as {_KIND_WORDS[spec.kind]}")
+        c.error("instance-key-type",
+                f"{where}.{key}", value, f"must be {_KIND_WORDS[spec.kind]}", f"write {key} as {_KIND_WORDS[spec.kind]}")
         return None
     return float(value) if spec.kind == "float" else value
 
@@ -137,20 +140,22 @@ def read(c: Any, role: str, entries: Any) -> list[Instance]:
     if not isinstance(entries, list):
         return []
     if not entries:
-        c.error(name, entries, f"is empty: a PD node needs at least one {role} instance",
+        c.error("instances-not-empty", name, entries, f"is empty: a PD node needs at least one {role} instance",
                 f"list one, e.g. {name}: [{{gpus: [0, 1, 2, 3]}}]")
         return []
     out: list[Instance] = []
     for i, entry in enumerate(entries):
         where = f"{name}[{i}]"
         if not isinstance(entry, dict):
-            c.error(where, entry, "must be a mapping of instance keys", "write e.g. {gpus: [0, 1, 2, 3], tp_size: 4}")
+            c.error("instance-mapping",
+                    where, entry, "must be a mapping of instance keys", "write e.g. {gpus: [0, 1, 2, 3], tp_size: 4}")
             continue
         for key in entry:
             spec = INSTANCE_KEYS_BY_NAME.get(key)
             if spec is None or role not in spec.roles:
                 known = ", ".join(k.name for k in INSTANCE_KEYS if role in k.roles)
-                c.error(f"{where}.{key}", entry[key], f"is not a key of a {role} instance", f"use one of {known}")
+                c.error("instance-key-unknown",
+                        f"{where}.{key}", entry[key], f"is not a key of a {role} instance", f"use one of {known}")
         got: dict[str, Any] = {}
         reported = set()
         for k in INSTANCE_KEYS:
@@ -161,7 +166,8 @@ def read(c: Any, role: str, entries: Any) -> list[Instance]:
                     reported.add(k.name)
         inst_name = got["name"] if got["name"] is not None else str(i)
         if not NAME_RE.match(str(inst_name)):
-            c.error(f"{where}.name", inst_name, "must be 1-12 characters a-z 0-9 (it names the unit and its files)",
+            c.error("instance-name-pattern",
+                    f"{where}.name", inst_name, "must be 1-12 characters a-z 0-9 (it names the unit and its files)",
                     "use e.g. a, b or 0")
         out.append(Instance(
             role=role, index=i, name=str(inst_name), gpus=got["gpus"] or [],
@@ -174,7 +180,8 @@ def read(c: Any, role: str, entries: Any) -> list[Instance]:
     names = [i.name for i in out]
     for inst in out:
         if names.count(inst.name) > 1 and names.index(inst.name) != out.index(inst):
-            c.error(f"{inst.field}.name", inst.name, f"two {role} instances are named {inst.name!r}",
+            c.error("instance-name-unique",
+                    f"{inst.field}.name", inst.name, f"two {role} instances are named {inst.name!r}",
                     "give each instance its own name")
     return out
 
@@ -185,11 +192,12 @@ def check(c: Any, inst: Instance, gpu_count: Any, kind: Any, known: frozenset[st
     _check_sizes(c, inst)
     _check_gpus(c, inst, gpu_count)
     if isinstance(inst.mem_fraction_static, float) and not 0 < inst.mem_fraction_static < 1:
-        c.error(f"{f}.mem_fraction_static", inst.mem_fraction_static, "must be between 0 and 1", "use e.g. 0.85")
+        c.error("mem-fraction-range",
+                f"{f}.mem_fraction_static", inst.mem_fraction_static, "must be between 0 and 1", "use e.g. 0.85")
     _check_moe(c, inst, kind)
     _check_extra(c, inst, known)
     if inst.role == "prefill" and isinstance(inst.attn_dp_size, int) and inst.attn_dp_size > 1:
-        c.warn(f"{f}.attn_dp_size", inst.attn_dp_size,
+        c.warn("prefill-attn-dp", f"{f}.attn_dp_size", inst.attn_dp_size,
                "DP attention on prefill makes each GPU attend one request: TTFT gets several times worse",
                "use plain TP on prefill (attn_dp_size 1)")
 
@@ -201,28 +209,30 @@ def _check_sizes(c: Any, inst: Instance) -> None:
     for key in ("dp_size", "attn_dp_size"):
         value = getattr(inst, key)
         if isinstance(value, int) and value < 1:
-            c.error(f"{f}.{key}", value, "must be at least 1", "use 1 to turn it off")
+            c.error("size-at-least-1", f"{f}.{key}", value, "must be at least 1", "use 1 to turn it off")
             setattr(inst, key, None)
     n = len(inst.gpus)
     if isinstance(inst.dp_size, int) and inst.dp_size > 1 and isinstance(inst.attn_dp_size, int) \
             and inst.attn_dp_size > 1:
         # SGLang 0.5.23 (handle_data_parallelism): "data-parallel replicas combined with
         # attention data parallelism are not supported" (ValueError)
-        c.error(f"{f}.dp_size", inst.dp_size, f"DP replicas cannot be combined with DP attention "
+        c.error("dp-replicas-without-attn-dp",
+                f"{f}.dp_size", inst.dp_size, f"DP replicas cannot be combined with DP attention "
                 f"(attn_dp_size={inst.attn_dp_size}); SGLang 0.5.23 refuses --dp-size with --attn-dp-size",
                 "remove dp_size and list each replica as an instance of its own, or remove attn_dp_size")
         inst.dp_size = None
         return
     if inst.tp_size is None and isinstance(inst.dp_size, int) and inst.dp_size >= 1 and n:
         if n % inst.dp_size:
-            c.error(f"{f}.dp_size", inst.dp_size, f"does not divide the instance's {n} GPUs (each replica has tp_size GPUs)",
+            c.error("dp-divides-gpus",
+                    f"{f}.dp_size", inst.dp_size, f"does not divide the instance's {n} GPUs (each replica has tp_size GPUs)",
                     "list dp_size x tp_size GPUs")
             inst.dp_size = None
             return
         inst.tp_size = n // inst.dp_size
     tp, attn_dp = inst.tp_size, inst.attn_dp_size
     if isinstance(tp, int) and tp < 1:
-        c.error(f"{f}.tp_size", tp, "must be at least 1", "set the number of GPUs of one replica")
+        c.error("size-at-least-1", f"{f}.tp_size", tp, "must be at least 1", "set the number of GPUs of one replica")
         inst.tp_size = None
         return
     if isinstance(tp, int) and isinstance(attn_dp, int) and tp % attn_dp:
@@ -232,14 +242,15 @@ def _check_sizes(c: Any, inst: Instance) -> None:
         else:
             good = max(d for d in range(1, tp + 1) if tp % d == 0 and d <= attn_dp)
             fix = f"use an attn_dp_size that divides {tp} (e.g. {good})"
-        c.error(f"{f}.tp_size", tp,
+        c.error("tp-divisible-by-attn-dp", f"{f}.tp_size", tp,
                 f"is not divisible by attn_dp_size={attn_dp} (SGLang asserts tp_size % attn_dp_size == 0; tp_size "
                 "counts ALL GPUs of the instance, attention-TP per DP rank is tp_size/attn_dp_size)", fix)
         inst.tp_size = None
     if isinstance(inst.dp_size, int) and inst.dp_size > 1 and inst.nccl_port is not None:
         # Each replica's scheduler binds the pinned port (PortArgs.init_new per DP rank):
         # the second replica cannot start.
-        c.error(f"{f}.nccl_port", inst.nccl_port, f"cannot be pinned with dp_size={inst.dp_size}: every DP replica "
+        c.error("nccl-port-not-pinned-with-dp",
+                f"{f}.nccl_port", inst.nccl_port, f"cannot be pinned with dp_size={inst.dp_size}: every DP replica "
                 "would bind this one port (SGLang's data-parallel controller)",
                 "remove nccl_port from this instance; SGLang picks a free port per replica")
 
@@ -248,19 +259,21 @@ def _check_gpus(c: Any, inst: Instance, gpu_count: Any) -> None:
     name, gpus = f"{inst.field}.gpus", inst.gpus
     if not gpus:
         if "gpus" not in inst.reported:
-            c.error(name, gpus, "is empty", f"list the physical GPU ids {inst.id} runs on")
+            c.error("gpus-not-empty", name, gpus, "is empty", f"list the physical GPU ids {inst.id} runs on")
         return
     if isinstance(gpu_count, int):
         missing = [g for g in gpus if not 0 <= g < gpu_count]
         if missing:
-            c.error(name, gpus, f"GPU ids {missing} do not exist on a host with pdnode_gpu_count={gpu_count}",
+            c.error("gpus-exist",
+                    name, gpus, f"GPU ids {missing} do not exist on a host with pdnode_gpu_count={gpu_count}",
                     f"use ids 0..{gpu_count - 1}")
     step = gpus[1] - gpus[0] if len(gpus) > 1 else 1
     if len(set(gpus)) != len(gpus):
-        c.error(name, gpus, "lists a GPU more than once", "list each GPU once")
+        c.error("gpus-unique", name, gpus, "lists a GPU more than once", "list each GPU once")
         return
     if step < 1 or gpus != [gpus[0] + r * step for r in range(len(gpus))]:
-        c.error(name, gpus, "must be ascending and evenly spaced (SGLang places rank r on base_gpu_id + r * "
+        c.error("gpus-evenly-spaced",
+                name, gpus, "must be ascending and evenly spaced (SGLang places rank r on base_gpu_id + r * "
                 "gpu_id_step)", f"use e.g. {list(range(min(gpus), min(gpus) + len(gpus)))}")
         return
     tp, dp = inst.tp_size, inst.dp_size
@@ -271,7 +284,7 @@ def _check_gpus(c: Any, inst: Instance, gpu_count: Any) -> None:
         fix = f"list {tp * dp} GPUs for {inst.id}"
         if len(gpus) % dp == 0:
             fix += f", or set tp_size: {len(gpus) // dp}"
-        c.error(name, gpus, f"has {len(gpus)} GPUs but {inst.id} runs on {what} GPUs{note}", fix)
+        c.error("gpus-match-tp-dp", name, gpus, f"has {len(gpus)} GPUs but {inst.id} runs on {what} GPUs{note}", fix)
 
 
 def _check_moe(c: Any, inst: Instance, kind: Any) -> None:
@@ -279,26 +292,29 @@ def _check_moe(c: Any, inst: Instance, kind: Any) -> None:
     a2a = inst.extra_args.get("moe_a2a_backend")
     if isinstance(ep, int):
         if ep < 1:
-            c.error(f"{f}.ep_size", ep, "must be at least 1", "use 1 for no expert parallelism")
+            c.error("size-at-least-1", f"{f}.ep_size", ep, "must be at least 1", "use 1 for no expert parallelism")
         elif kind == "dense":
             if ep > 1:
-                c.warn(f"{f}.ep_size", ep, "has no effect on a dense model (SGLang ignores it)", "remove it")
+                c.warn("dense-ignores-moe",
+                       f"{f}.ep_size", ep, "has no effect on a dense model (SGLang ignores it)", "remove it")
         elif isinstance(tp, int) and tp % ep:
-            c.error(f"{f}.ep_size", ep, f"does not divide tp_size={tp} (EP is carved out of the TP world)",
+            c.error("ep-divides-tp",
+                    f"{f}.ep_size", ep, f"does not divide tp_size={tp} (EP is carved out of the TP world)",
                     f"use an ep_size that divides {tp}, e.g. {tp}")
         elif isinstance(tp, int) and a2a in A2A_EP_IS_TP and ep != tp:
-            c.error(f"{f}.ep_size", ep,
+            c.error("ep-equals-tp-with-a2a", f"{f}.ep_size", ep,
                     f"must equal tp_size={tp} with moe_a2a_backend={a2a!r}: SGLang 0.5.23 replaces any other "
                     f"ep_size with tp_size for this backend, so {ep} would not take effect",
                     f"leave ep_size out (SGLang sets it to tp_size) or set ep_size: {tp}")
     if dense_tp is not None:
         if kind == "dense":
-            c.warn(f"{f}.moe_dense_tp_size", dense_tp, "has no effect on a dense model (SGLang ignores it)", "remove it")
+            c.warn("dense-ignores-moe",
+                   f"{f}.moe_dense_tp_size", dense_tp, "has no effect on a dense model (SGLang ignores it)", "remove it")
         elif isinstance(tp, int) and dense_tp not in (1, tp):
-            c.error(f"{f}.moe_dense_tp_size", dense_tp, f"must be unset, 1 or tp_size ({tp})",
+            c.error("moe-dense-tp-1-or-tp", f"{f}.moe_dense_tp_size", dense_tp, f"must be unset, 1 or tp_size ({tp})",
                     "use 1 (dense layers data-parallel) or leave it unset")
     if inst.enable_dp_lm_head is True and isinstance(inst.attn_dp_size, int) and inst.attn_dp_size <= 1:
-        c.error(f"{f}.enable_dp_lm_head", True, "needs DP attention (attn_dp_size > 1)",
+        c.error("dp-lm-head-needs-attn-dp", f"{f}.enable_dp_lm_head", True, "needs DP attention (attn_dp_size > 1)",
                 "set attn_dp_size > 1 or set this to false")
 
 
@@ -307,11 +323,12 @@ def _check_extra(c: Any, inst: Instance, known: frozenset[str]) -> None:
     extra = inst.extra_args
     for key, value in extra.items():
         if key in REMOVED_SERVER_ARGS:
-            c.error(f"{name}.{key}", value, "was removed from SGLang in 2026-03 (now an unknown flag)",
+            c.error("extra-arg-removed-flag",
+                    f"{name}.{key}", value, "was removed from SGLang in 2026-03 (now an unknown flag)",
                     REMOVED_SERVER_ARGS[key])
         elif key == "enable_dp_attention":
             dp = extra.get("dp_size")
-            c.error(f"{name}.{key}", value,
+            c.error("extra-arg-deprecated-dp-attention", f"{name}.{key}", value,
                     "is the deprecated DP-attention spelling (--enable-dp-attention --dp-size N; rewritten by SGLang "
                     "to attn_dp_size=N and rejected by its YAML config)",
                     f"remove enable_dp_attention{' and dp_size' if dp is not None else ''} from extra_args and set "
@@ -319,12 +336,12 @@ def _check_extra(c: Any, inst: Instance, known: frozenset[str]) -> None:
         elif key == "dp_size" and "enable_dp_attention" in extra:
             continue  # reported with enable_dp_attention: one cause, one line
         elif key in OWNED_SERVER_ARGS:
-            c.error(f"{name}.{key}", value, f"is set by the plan from {OWNED_SERVER_ARGS[key]}",
+            c.error("extra-arg-owned", f"{name}.{key}", value, f"is set by the plan from {OWNED_SERVER_ARGS[key]}",
                     "remove it from extra_args" + (f" and set {key} on the instance" if key in INSTANCE_KEYS_BY_NAME else ""))
         elif key not in known:
             close = [k for k in known if _similar(key, k)]
             hint = f" (did you mean {close[0]}?)" if close else ""
-            c.error(f"{name}.{key}", value, "is not a ServerArgs field of SGLang 0.5.23",
+            c.error("extra-arg-unknown", f"{name}.{key}", value, "is not a ServerArgs field of SGLang 0.5.23",
                     f"use a field name from `python -m sglang.launch_server --help` with underscores{hint}")
         else:
             values.check_server_arg(c.error, name, key, value)  # type, choices, secrets
@@ -336,7 +353,8 @@ def check_shared_gpus(c: Any, instances: list[Instance]) -> None:
         clash = sorted({g for g in inst.gpus if g in owner})
         if clash:
             other = owner[clash[0]]
-            c.error(f"{inst.field}.gpus", inst.gpus, f"GPUs {clash} are also used by {other.id} ({other.field})",
+            c.error("gpus-not-shared",
+                    f"{inst.field}.gpus", inst.gpus, f"GPUs {clash} are also used by {other.id} ({other.field})",
                     "give each GPU to one instance")
         for g in inst.gpus:
             owner.setdefault(g, inst)

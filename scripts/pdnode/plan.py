@@ -45,6 +45,7 @@ _IB_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 @dataclass(frozen=True)
 class Problem:
+    rule_id: str  # pdnode.rules: what --json reports and docs list
     field: str
     value: Any
     rule: str
@@ -130,18 +131,19 @@ class _Checker:
         self.problems: list[Problem] = []
         self.warnings: list[Problem] = []
 
-    def error(self, field_: str, value: Any, rule: str, fix: str) -> None:
-        self.problems.append(Problem(field_, value, rule, fix))
+    def error(self, rule_id: str, field_: str, value: Any, rule: str, fix: str) -> None:
+        self.problems.append(Problem(rule_id, field_, value, rule, fix))
 
-    def warn(self, field_: str, value: Any, rule: str, fix: str) -> None:
-        self.warnings.append(Problem(field_, value, rule, fix, "warning"))
+    def warn(self, rule_id: str, field_: str, value: Any, rule: str, fix: str) -> None:
+        self.warnings.append(Problem(rule_id, field_, value, rule, fix, "warning"))
 
     def get(self, name: str) -> Any:
         spec = BY_NAME[name]
         if name not in self.raw or self.raw[name] is None and spec.default is not None:
             if spec.default is REQUIRED:
                 if not _retired_for(self.raw, name):  # else check_retired's one line says it all
-                    self.error(name, None, "is required and not set", f"set {name} ({spec.doc}) in group_vars")
+                    self.error("variable-required",
+                               name, None, "is required and not set", f"set {name} ({spec.doc}) in group_vars")
                 return None
             return spec.default
         value = self.raw[name]
@@ -158,7 +160,7 @@ class _Checker:
             "instance_list": lambda v: isinstance(v, list),
         }[spec.kind](value)
         if isinstance(value, str) and "{{" in value:
-            self.error(name, value, "templated values are not supported in the node description",
+            self.error("value-templated", name, value, "templated values are not supported in the node description",
                        "write the literal value; the plan is computed without Ansible")
             return None
         if not ok:
@@ -166,7 +168,7 @@ class _Checker:
                     "str_or_none": "a non-empty string or null", "str": "a non-empty string", "int": "an integer",
                     "float": "a number", "bool": "true or false", "dict": "a mapping",
                     "float_or_none": "a number or null", "instance_list": "a list of instance mappings"}[spec.kind]
-            self.error(name, value, f"must be {want}", f"write {name} as {want} ({spec.doc})")
+            self.error("variable-type", name, value, f"must be {want}", f"write {name} as {want} ({spec.doc})")
             return None
         return float(value) if spec.kind == "float" or (spec.kind == "float_or_none" and value is not None) else value
 
@@ -185,7 +187,8 @@ def _unknown_variables(c: _Checker) -> None:
             role, _, key = name.removeprefix("pdnode_").partition("_")
             if key in INSTANCE_KEYS_BY_NAME and role in INSTANCE_KEYS_BY_NAME[key].roles:
                 hint = f"{key} is a key of each entry of pdnode_{role}_instances"
-            c.error(name, c.raw[name], "is not a variable this bundle knows", f"remove or rename it ({hint})")
+            c.error("variable-unknown",
+                    name, c.raw[name], "is not a variable this bundle knows", f"remove or rename it ({hint})")
 
 
 def _similar(a: str, b: str) -> bool:
@@ -195,7 +198,8 @@ def _similar(a: str, b: str) -> bool:
 
 def _check_port(c: _Checker, name: str, port: Any) -> None:
     if isinstance(port, int) and not 1024 <= port <= 65535:
-        c.error(name, port, "must be an unprivileged TCP port (1024-65535)", "choose a port in 1024-65535")
+        c.error("port-range",
+                name, port, "must be an unprivileged TCP port (1024-65535)", "choose a port in 1024-65535")
 
 
 def _is_loopback(host: str) -> bool:
@@ -212,12 +216,14 @@ def _check_transfer(c: _Checker, backend: Any, ib: Any, used_gpus: list[int]) ->
         why = {"fake": "decode-only benchmarking; prefill refuses it and it cannot move KV from P to D",
                "ascend": "Ascend NPUs, not NVIDIA GPUs", "mori": "AMD GPUs, not NVIDIA GPUs"}.get(
             backend, "not a transfer backend this bundle deploys")
-        c.error("pdnode_transfer_backend", backend, why, f"use one of {', '.join(TRANSFER_BACKENDS)}")
+        c.error("transfer-backend-supported",
+                "pdnode_transfer_backend", backend, why, f"use one of {', '.join(TRANSFER_BACKENDS)}")
         return {}
     if not isinstance(ib, dict) or not ib:
         return {}
     if backend not in IB_DEVICE_BACKENDS:
-        c.error("pdnode_ib_devices", ib, f"RDMA devices cannot be used with pdnode_transfer_backend={backend!r} "
+        c.error("ib-devices-need-rdma-backend",
+                "pdnode_ib_devices", ib, f"RDMA devices cannot be used with pdnode_transfer_backend={backend!r} "
                 "(SGLang silently drops --disaggregation-ib-device there, so the mapping would do nothing)",
                 "remove pdnode_ib_devices, or use the mooncake backend over RDMA")
         return {}
@@ -226,17 +232,20 @@ def _check_transfer(c: _Checker, backend: Any, ib: Any, used_gpus: list[int]) ->
         try:
             gpu = int(key)
         except (TypeError, ValueError):
-            c.error(f"pdnode_ib_devices.{key}", dev, "keys must be physical GPU ids", "write e.g. 0: mlx5_0")
+            c.error("ib-device-key-gpu-id",
+                    f"pdnode_ib_devices.{key}", dev, "keys must be physical GPU ids", "write e.g. 0: mlx5_0")
             continue
         names = [d.strip() for d in str(dev).split(",")] if isinstance(dev, str) else []
         if not names or not all(_IB_NAME.match(n) for n in names):
-            c.error(f"pdnode_ib_devices.{key}", dev, "must be an RDMA device name or a comma list of them",
+            c.error("ib-device-name",
+                    f"pdnode_ib_devices.{key}", dev, "must be an RDMA device name or a comma list of them",
                     "write the name as in /sys/class/infiniband, e.g. mlx5_0")
             continue
         mapping[gpu] = ",".join(names)
     unmapped = [g for g in used_gpus if g not in mapping]
     if unmapped and mapping:
-        c.error("pdnode_ib_devices", ib, f"has no device for GPUs {unmapped} used by the engine instances "
+        c.error("ib-devices-cover-gpus",
+                "pdnode_ib_devices", ib, f"has no device for GPUs {unmapped} used by the engine instances "
                 "(SGLang raises 'No IB devices configured for GPU n')",
                 "map every GPU of prefill and decode to its closest NIC (see `nvidia-smi topo -m`)")
     return mapping
@@ -248,9 +257,11 @@ def _check_thresholds(c: _Checker, thresholds: Any) -> None:
     for key, value in thresholds.items():
         name = f"pdnode_verify_thresholds.{key}"
         if key not in THRESHOLD_KEYS:
-            c.error(name, value, "is not a known threshold", f"use one of {', '.join(THRESHOLD_KEYS)}")
+            c.error("threshold-known",
+                    name, value, "is not a known threshold", f"use one of {', '.join(THRESHOLD_KEYS)}")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            c.error(name, value, "must be a positive number", "write a number in the unit of its name")
+            c.error("threshold-positive",
+                    name, value, "must be a positive number", "write a number in the unit of its name")
 
 
 def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
@@ -268,24 +279,29 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
         values.check_load_format(c.error, v["pdnode_model_load_format"])
 
     if v["pdnode_engine"] is not None and v["pdnode_engine"] not in ENGINES:
-        c.error("pdnode_engine", v["pdnode_engine"], "unknown engine", "use sglang (real) or sim (stand-in)")
+        c.error("engine-known",
+                "pdnode_engine", v["pdnode_engine"], "unknown engine", "use sglang (real) or sim (stand-in)")
     if v["pdnode_model_kind"] is not None and v["pdnode_model_kind"] not in MODEL_KINDS:
-        c.error("pdnode_model_kind", v["pdnode_model_kind"], "unknown model kind", f"use one of {', '.join(MODEL_KINDS)}")
+        c.error("model-kind-known",
+                "pdnode_model_kind", v["pdnode_model_kind"], "unknown model kind", f"use one of {', '.join(MODEL_KINDS)}")
     if isinstance(v["pdnode_model_path"], str) and not v["pdnode_model_path"].startswith("/"):
-        c.error("pdnode_model_path", v["pdnode_model_path"],
+        c.error("model-path-absolute", "pdnode_model_path", v["pdnode_model_path"],
                 "must be an absolute local path (otherwise SGLang and the router try to reach a model hub)",
                 "download the model to the host and give its directory")
     for name in ("pdnode_install_root", "pdnode_config_dir"):
         if isinstance(v[name], str) and not v[name].startswith("/"):
-            c.error(name, v[name], "must be an absolute path", "write it from the root, e.g. /opt/sglang-pd")
+            c.error("path-absolute",
+                    name, v[name], "must be an absolute path", "write it from the root, e.g. /opt/sglang-pd")
     if isinstance(v["pdnode_service_user"], str) and v["pdnode_service_user"] == "root":
-        c.error("pdnode_service_user", "root", "the services must not run as root",
+        c.error("service-user-not-root", "pdnode_service_user", "root", "the services must not run as root",
                 "use a dedicated system user such as sglang")
     if isinstance(v["pdnode_gpu_count"], int) and v["pdnode_gpu_count"] < 1:
-        c.error("pdnode_gpu_count", v["pdnode_gpu_count"], "must be at least 1", "set the number of GPUs of the host")
+        c.error("gpu-count-positive",
+                "pdnode_gpu_count", v["pdnode_gpu_count"], "must be at least 1", "set the number of GPUs of the host")
     worker_host = v["pdnode_worker_host"]
     if isinstance(worker_host, str) and not _is_loopback(worker_host):
-        c.error("pdnode_worker_host", worker_host, "prefill and decode must listen on loopback only "
+        c.error("worker-host-loopback",
+                "pdnode_worker_host", worker_host, "prefill and decode must listen on loopback only "
                 "(the router is the node's one public endpoint)", "use 127.0.0.1")
 
     # The instances: each alone, then together (GPUs, ports)
@@ -310,7 +326,8 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
     for name in ("pdnode_router_port", "pdnode_router_metrics_port"):
         _check_port(c, name, v[name])
     if v["pdnode_router_port"] == 30000:
-        c.warn("pdnode_router_port", 30000, "30000 is SGLang's default server port (and sglang-router's); "
+        c.warn("router-port-not-30000",
+               "pdnode_router_port", 30000, "30000 is SGLang's default server port (and sglang-router's); "
                "it is easy to collide with a worker started by hand", "prefer 8000")
 
     if c.problems:
@@ -328,7 +345,7 @@ def _check_capacity(c: _Checker, v: dict[str, Any], engines: list[Instance], ski
     try:
         found = capacity.weight_bytes(v, REPO_ROOT)
     except capacity.WeightsError as exc:
-        c.error(exc.field, exc.value, exc.rule, exc.fix)
+        c.error(exc.rule_id, exc.field, exc.value, exc.rule, exc.fix)
         return
     if found is None:
         return
@@ -337,26 +354,30 @@ def _check_capacity(c: _Checker, v: dict[str, Any], engines: list[Instance], ski
                  for i in engines if isinstance(i.tp_size, int) and isinstance(i.mem_fraction_static, float)]
     count = v["pdnode_gpu_count"] if isinstance(v["pdnode_gpu_count"], int) else None
     for f in capacity.check_instances(described, v["pdnode_gpu_model"], found[0], found[1], count):
-        (c.error if f.severity == "error" else c.warn)(f.field, f.value, f.rule, f.fix)
+        (c.error if f.severity == "error" else c.warn)(f.rule_id, f.field, f.value, f.rule, f.fix)
 
 
 def _check_router(c: _Checker, v: dict[str, Any]) -> None:
     if v["pdnode_router_policy"] is not None and v["pdnode_router_policy"] not in ROUTER_POLICIES:
-        c.error("pdnode_router_policy", v["pdnode_router_policy"], "not a PD routing policy of sglang-router 0.3.2",
+        c.error("router-policy-known",
+                "pdnode_router_policy", v["pdnode_router_policy"], "not a PD routing policy of sglang-router 0.3.2",
                 f"use one of {', '.join(ROUTER_POLICIES)}")
     router_extra = v["pdnode_router_extra_args"] if isinstance(v["pdnode_router_extra_args"], dict) else {}
     for key, value in router_extra.items():
         if key == "dp_aware":
-            c.error("pdnode_router_extra_args.dp_aware", value, "is broken in PD mode in sglang-router 0.3.2",
+            c.error("router-dp-aware-broken",
+                    "pdnode_router_extra_args.dp_aware", value, "is broken in PD mode in sglang-router 0.3.2",
                     "remove it")
         elif key in OWNED_ROUTER_ARGS:
-            c.error(f"pdnode_router_extra_args.{key}", value, f"is set by the plan from {OWNED_ROUTER_ARGS[key]}",
+            c.error("router-arg-owned",
+                    f"pdnode_router_extra_args.{key}", value, f"is set by the plan from {OWNED_ROUTER_ARGS[key]}",
                     "remove it from pdnode_router_extra_args")
         else:
             values.check_router_arg(c.error, key, value)  # known name, type, choices, secrets
     metrics_host = v["pdnode_router_metrics_host"]
     if isinstance(metrics_host, str) and not _is_loopback(metrics_host):
-        c.warn("pdnode_router_metrics_host", metrics_host, "router metrics are reachable beyond this host",
+        c.warn("router-metrics-loopback",
+               "pdnode_router_metrics_host", metrics_host, "router metrics are reachable beyond this host",
                "bind them to 127.0.0.1 unless a remote Prometheus scrapes them")
 
 

@@ -96,7 +96,8 @@ def allocate(c: Any, instances: list[Instance], router: dict[str, Any]) -> dict[
             if not 1024 <= port <= top:
                 why = (f" (with DP attention it also binds port+{DP_ATTENTION_OFFSETS[0]}.."
                        f"+{DP_ATTENTION_OFFSETS[-1]})" if top < 65535 else "")
-                c.error(f"{inst.field}.{key}", port, f"must be an unprivileged TCP port (1024-{top}){why}",
+                c.error("port-range",
+                        f"{inst.field}.{key}", port, f"must be an unprivileged TCP port (1024-{top}){why}",
                         f"choose a port in 1024-{top}, or leave it out to have one allocated")
                 setattr(inst, key, None)
                 continue
@@ -125,7 +126,7 @@ def allocate(c: Any, instances: list[Instance], router: dict[str, Any]) -> dict[
                     f"port+{DP_ATTENTION_OFFSETS[0]}..+{DP_ATTENTION_OFFSETS[-1]})")
         else:
             rule = f"{pair} are both port {port}"
-        c.error(field, value, rule,
+        c.error("port-collision", field, value, rule,
                 (f"set {field}: {free} (the nearest free port)" if free else f"move {field}")
                 + (", or leave the instances' ports out so the plan allocates them" if inst else ""))
     return ports

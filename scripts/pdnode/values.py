@@ -59,7 +59,8 @@ ANSWER_MAX = 200
 _SECRET_WORDS = frozenset({"key", "keys", "secret", "secrets", "password", "passwd", "credential", "credentials"})
 _SECRET_ENDINGS = ("auth_token", "access_token", "bearer_token", "api_token", "hf_token")
 
-Error = Callable[[str, Any, str, str], None]
+# (rule id from pdnode.rules, field, value, rule, fix): the plan checker's error()
+Error = Callable[[str, str, Any, str, str], None]
 
 
 def safe_name(name: str) -> str:
@@ -88,13 +89,14 @@ def backstop(raw: dict[str, Any], names: list[str], error: Error) -> set[str]:
             continue
         for path, leaf in _walk(raw[name], name):
             if isinstance(leaf, str) and _CONTROL.search(leaf):
-                error(path, leaf, "contains a control character (newline, tab, escape, ...); in a unit or "
+                error("value-control-character",
+                      path, leaf, "contains a control character (newline, tab, escape, ...); in a unit or "
                       "an environment file it would start a new line or directive",
                       "write the value on one line with printable characters only")
                 hit.add(name)
                 break
             if isinstance(leaf, float) and not math.isfinite(leaf):
-                error(path, leaf, "is not a finite number", "write a finite number")
+                error("value-finite", path, leaf, "is not a finite number", "write a finite number")
                 hit.add(name)
                 break
     return hit
@@ -104,18 +106,19 @@ def _host_path(error: Error, name: str, value: str, chowned: bool) -> None:
     if not value.startswith("/"):
         return  # plan.py reports relative paths with their own fix
     if len(value) > HOST_PATH_MAX:
-        error(name, value, f"is longer than {HOST_PATH_MAX} characters", "use a shorter path")
+        error("path-length", name, value, f"is longer than {HOST_PATH_MAX} characters", "use a shorter path")
     elif not HOST_PATH_RE.match(value):
-        error(name, value, "may contain only letters, digits and . _ - / (it is written into units, "
+        error("path-characters", name, value, "may contain only letters, digits and . _ - / (it is written into units, "
               "command lines and chown calls; spaces, '%', '$' and quotes mean something there)",
               "rename the directory or choose one with a plain name")
     elif posixpath.normpath(value) != value:
-        error(name, value, "is not a normalized path ('..', '.', '//' or a trailing '/')",
+        error("path-normalized", name, value, "is not a normalized path ('..', '.', '//' or a trailing '/')",
               f"write it as {posixpath.normpath(value)}")
     elif chowned:
         parts = value.strip("/").split("/")
         if len(parts) < 2 or value in SYSTEM_DIRS or parts[0] in SYSTEM_TOPS:
-            error(name, value, "is a system directory or lies in one (the deploy makes it owned by the "
+            error("path-not-system-dir",
+                  name, value, "is a system directory or lies in one (the deploy makes it owned by the "
                   "service user)", "use a directory of its own, e.g. /opt/sglang-pd or /etc/sglang-pd")
 
 
@@ -126,7 +129,8 @@ def _host(error: Error, name: str, value: str) -> None:
     except ValueError:
         pass
     if not DNS_RE.match(value):
-        error(name, value, "must be an IP address or a DNS name", "write e.g. 0.0.0.0, 127.0.0.1 or node1.example")
+        error("host-address",
+              name, value, "must be an IP address or a DNS name", "write e.g. 0.0.0.0, 127.0.0.1 or node1.example")
 
 
 def check_settings(v: dict[str, Any], skip: set[str], error: Error) -> None:
@@ -138,12 +142,14 @@ def check_settings(v: dict[str, Any], skip: set[str], error: Error) -> None:
 
     user = s("pdnode_service_user")
     if user is not None and user != "root" and not USER_RE.match(user):
-        error("pdnode_service_user", user, "must be a POSIX system user name: a-z or _ first, then a-z 0-9 _ -, "
+        error("service-user-name",
+              "pdnode_service_user", user, "must be a POSIX system user name: a-z or _ first, then a-z 0-9 _ -, "
               "at most 32 characters (systemd expands '%' specifiers in User= and reads a number as a uid)",
               "use a dedicated system user such as sglang")
     prefix = s("pdnode_service_prefix")
     if prefix is not None and not PREFIX_RE.match(prefix):
-        error("pdnode_service_prefix", prefix, "must be a-z first, then a-z 0-9 -, at most 40 characters, "
+        error("service-prefix-name",
+              "pdnode_service_prefix", prefix, "must be a-z first, then a-z 0-9 -, at most 40 characters, "
               "not ending in '-' (it names the systemd units)", "use e.g. sglang-pd")
     for name, chowned in (("pdnode_install_root", True), ("pdnode_config_dir", True), ("pdnode_model_path", False)):
         value = s(name)
@@ -151,23 +157,27 @@ def check_settings(v: dict[str, Any], skip: set[str], error: Error) -> None:
             _host_path(error, name, value, chowned)
     served = s("pdnode_model_served_name")
     if served is not None and not SERVED_NAME_RE.match(served):
-        error("pdnode_model_served_name", served, "must be a letter or digit first, then letters, digits and "
+        error("served-name-pattern",
+              "pdnode_model_served_name", served, "must be a letter or digit first, then letters, digits and "
               ". _ : / @ + -, at most 128 characters (it lands in unit descriptions, where '%' is a "
               "specifier, and in JSON)", "use e.g. org/Model-Name_v1.5:fp8")
     gpu = s("pdnode_gpu_model")
     if gpu is not None and not GPU_MODEL_RE.match(gpu):
-        error("pdnode_gpu_model", gpu, "must be a GPU name as nvidia-smi prints it: letters, digits, spaces and "
+        error("gpu-model-name",
+              "pdnode_gpu_model", gpu, "must be a GPU name as nvidia-smi prints it: letters, digits, spaces and "
               ". _ ( ) / + -, at most 64 characters", "copy the name from `nvidia-smi --query-gpu=name --format=csv`")
     for name in ("pdnode_sglang_version", "pdnode_sglang_router_version", "pdnode_mooncake_version",
                  "pdnode_mooncake_cuda13_version"):
         value = s(name)
         if value is not None and not VERSION_RE.match(value):
-            error(name, value, "must be a release number such as 0.5.23 or 0.3.13.post1 (it names the "
+            error("version-pattern",
+                  name, value, "must be a release number such as 0.5.23 or 0.3.13.post1 (it names the "
                   "virtualenv and is passed to pip)", "write the release as the package index lists it")
     for name in ("pdnode_wheelhouse", "pdnode_api_key_file"):
         value = s(name)
         if value is not None and not CONTROLLER_PATH_RE.match(value):
-            error(name, value, "must be a controller path of letters, digits and . _ / + -, not starting with "
+            error("controller-path-pattern",
+                  name, value, "must be a controller path of letters, digits and . _ / + -, not starting with "
                   "'-', at most 200 characters", "move or rename the file or directory")
     for name in ("pdnode_router_host", "pdnode_router_metrics_host"):
         value = s(name)
@@ -176,7 +186,8 @@ def check_settings(v: dict[str, Any], skip: set[str], error: Error) -> None:
     for name, limit in (("pdnode_verify_reference_prompt", PROMPT_MAX), ("pdnode_verify_reference_answer", ANSWER_MAX)):
         value = s(name)
         if value is not None and len(value) > limit:
-            error(name, value, f"is longer than {limit} characters", "use a short question and answer")
+            error("verify-reference-length",
+                  name, value, f"is longer than {limit} characters", "use a short question and answer")
     env = v.get("pdnode_engine_environment")
     if isinstance(env, dict) and "pdnode_engine_environment" not in skip:
         _environment(error, env)
@@ -186,12 +197,14 @@ def _environment(error: Error, env: dict[Any, Any]) -> None:
     for key, value in env.items():
         name = f"pdnode_engine_environment.{key}"
         if not isinstance(key, str) or not ENV_NAME_RE.match(key):
-            error(name, value, "the variable name must be A-Z or _ first, then A-Z 0-9 _ (at most 128)",
+            error("environment-name",
+                  name, value, "the variable name must be A-Z or _ first, then A-Z 0-9 _ (at most 128)",
                   "write the name in upper case, e.g. SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT")
         elif isinstance(value, (dict, list)) or value is None:
-            error(name, value, "must be a string, a number or true/false", "write one value")
+            error("environment-value-type", name, value, "must be a string, a number or true/false", "write one value")
         elif isinstance(value, str) and not ENV_VALUE_RE.match(value):
-            error(name, value, "may contain only letters, digits and _ . , : / @ + = - (at most 1024; systemd "
+            error("environment-value-pattern",
+                  name, value, "may contain only letters, digits and _ . , : / @ + = - (at most 1024; systemd "
                   "reads quotes, backslashes, spaces at the ends and $VAR in environment files)",
                   "write a plain value")
 
@@ -215,15 +228,17 @@ def check_server_arg(error: Error, name: str, key: str, value: Any) -> None:
     if _has_control(value):
         return  # the backstop reported it
     if is_secret_name(key):
-        error(where, "<hidden>", "holds a secret: it would be on the command line and in the rendered JSON",
+        error("extra-arg-secret",
+              where, "<hidden>", "holds a secret: it would be on the command line and in the rendered JSON",
               "remove it (the API key comes from pdnode_api_key_file)")
     elif key not in table:
-        error(where, value, "is a ServerArgs field without a command-line flag in SGLang 0.5.23 (the launcher "
+        error("extra-arg-no-flag",
+              where, value, "is a ServerArgs field without a command-line flag in SGLang 0.5.23 (the launcher "
               "cannot pass it)", f"remove it from {name}")
     else:
         problem = argtable.value_problem(table[key], value)
         if problem:
-            error(where, value, problem, f"write a value {table[key]['flag']} accepts")
+            error("extra-arg-value", where, value, problem, f"write a value {table[key]['flag']} accepts")
 
 
 def check_load_format(error: Error, value: Any) -> None:
@@ -231,7 +246,8 @@ def check_load_format(error: Error, value: Any) -> None:
     if entry and isinstance(value, str):
         problem = argtable.value_problem(entry, value)
         if problem:
-            error("pdnode_model_load_format", value, problem, "use e.g. auto, safetensors or dummy")
+            error("load-format-value",
+                  "pdnode_model_load_format", value, problem, "use e.g. auto, safetensors or dummy")
 
 
 def check_router_arg(error: Error, key: Any, value: Any) -> None:
@@ -239,24 +255,27 @@ def check_router_arg(error: Error, key: Any, value: Any) -> None:
     table = argtable.load(argtable.ROUTER_TABLE)
     where = f"pdnode_router_extra_args.{key}"
     if not isinstance(key, str):
-        error(where, value, "is not an argument name", "write the underscored name, e.g. retry_max_retries")
+        error("router-arg-name",
+              where, value, "is not an argument name", "write the underscored name, e.g. retry_max_retries")
         return
     under = key.replace("-", "_")
     if _has_control(key) or _has_control(value):
         return  # the backstop reported it
     if is_secret_name(under):
-        error(where, "<hidden>", "holds a secret: it would be in router.json and on the router's command line",
+        error("router-arg-secret",
+              where, "<hidden>", "holds a secret: it would be in router.json and on the router's command line",
               "remove it (the API key comes from pdnode_api_key_file)")
     elif "-" in key:
         hint = f"write {under}" if under in table else "write the underscored name"
-        error(where, value, "is spelled with dashes; the plan takes sglang-router's underscored names", hint)
+        error("router-arg-dashes",
+              where, value, "is spelled with dashes; the plan takes sglang-router's underscored names", hint)
     elif key not in table:
-        error(where, value, "is not an argument of sglang-router 0.3.2",
+        error("router-arg-unknown", where, value, "is not an argument of sglang-router 0.3.2",
               "use a name from `python -m sglang_router.launch_router --help` with underscores")
     else:
         problem = argtable.value_problem(table[key], value)
         if problem:
-            error(where, value, problem, f"write a value {table[key]['flag']} accepts")
+            error("router-arg-value", where, value, problem, f"write a value {table[key]['flag']} accepts")
 
 
 # Role variables an inventory may set besides pdnode_* (the roles assert the same
@@ -280,4 +299,4 @@ ROLE_PATTERNS = {
 def check_role_values(raw: dict[str, Any], error: Error) -> None:
     for name, (pattern, rule, fix) in ROLE_PATTERNS.items():
         if name in raw and (isinstance(raw[name], bool) or not pattern.match(str(raw[name]))):
-            error(name, raw[name], rule, fix)
+            error("role-variable-pattern", name, raw[name], rule, fix)

@@ -1,0 +1,261 @@
+"""The registry of the plan's rules (pdnode.rules) is whole and true.
+
+RULE_CASES gives each registered rule a minimal change to inventories/gpu01 (valid; see
+tests/planvars.py) that triggers it: the problem the plan reports carries that rule's id
+and severity. RULE_CASES and the registry name the same rules; every problem any plan
+test provokes carries a registered id; every call site in the plan's modules passes a
+registered id (read from the source, so a branch no test reaches cannot hold a typo).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import pytest
+import test_plan
+import test_plan_hostile
+from planvars import ROOT, changed, variables
+
+from pdnode import cli
+from pdnode.plan import PlanError, build_plan
+from pdnode.rules import BY_ID, RULES
+
+IB = {i: f"mlx5_{i}" for i in range(8)}
+
+# rule id -> (changes to gpu01, other rule ids the same change also reports)
+RULE_CASES: dict[str, tuple[dict, set[str]]] = {
+    "variable-unknown": ({"pdnode_bogus": 1}, set()),
+    "variable-retired": ({"pdnode_prefill_tp_size": 4}, set()),
+    "variable-required": ({"pdnode_model_path": None}, set()),
+    "variable-type": ({"pdnode_router_port": "8000"}, set()),
+    "value-templated": ({"pdnode_model_served_name": "{{ name }}"}, set()),
+    "value-control-character": ({"pdnode_model_served_name": "a\nb"}, set()),
+    "value-finite": ({"pdnode_sim_startup_s": math.nan}, set()),
+    "role-variable-pattern": ({"pd_services_watchdog_s": "60s"}, set()),
+    "engine-known": ({"pdnode_engine": "vllm"}, set()),
+    "model-kind-known": ({"pdnode_model_kind": "big"}, set()),
+    "model-path-absolute": ({"pdnode_model_path": "zai-org/GLM-4.5-Air-FP8"}, set()),
+    "path-absolute": ({"pdnode_install_root": "opt/sglang-pd"}, set()),
+    "path-length": ({"pdnode_install_root": "/opt/" + "a" * 300}, set()),
+    "path-characters": ({"pdnode_install_root": "/opt/sglang pd"}, set()),
+    "path-normalized": ({"pdnode_config_dir": "/etc/sglang-pd/"}, set()),
+    "path-not-system-dir": ({"pdnode_config_dir": "/etc"}, set()),
+    "controller-path-pattern": ({"pdnode_wheelhouse": "-r evil"}, set()),
+    "service-user-not-root": ({"pdnode_service_user": "root"}, set()),
+    "service-user-name": ({"pdnode_service_user": "Sglang"}, set()),
+    "service-prefix-name": ({"pdnode_service_prefix": "pd-"}, set()),
+    "served-name-pattern": ({"pdnode_model_served_name": "my model"}, set()),
+    "gpu-model-name": ({"pdnode_gpu_model": "NVIDIA;H200"}, set()),
+    # no GPU exists then: the instances' GPUs are reported too
+    "gpu-count-positive": ({"pdnode_gpu_count": 0}, {"gpus-exist"}),
+    "version-pattern": ({"pdnode_sglang_version": "latest"}, set()),
+    "host-address": ({"pdnode_router_host": "-h"}, set()),
+    "worker-host-loopback": ({"pdnode_worker_host": "0.0.0.0"}, set()),
+    "verify-reference-length": ({"pdnode_verify_reference_answer": "a" * 201}, set()),
+    "environment-name": ({"pdnode_engine_environment": {"sglang_x": "1"}}, set()),
+    "environment-value-type": ({"pdnode_engine_environment": {"X": [1]}}, set()),
+    "environment-value-pattern": ({"pdnode_engine_environment": {"X": "$HOME"}}, set()),
+    "load-format-value": ({"pdnode_model_load_format": "bogus"}, set()),
+    "threshold-known": ({"pdnode_verify_thresholds": {"ttft_p42_max_s": 1.0}}, set()),
+    "threshold-positive": ({"pdnode_verify_thresholds": {"ttft_p99_max_s": -1}}, set()),
+    "instances-not-empty": ({"pdnode_decode_instances": []}, set()),
+    "instance-mapping": ({"pdnode_decode_instances": ["gpus: [4, 5, 6, 7]"]}, set()),
+    "instance-key-unknown": ({"decode[0]": {"bootstrap_port": 9000}}, set()),
+    "instance-key-required": ({"decode[0]": {"gpus": None}}, set()),
+    "instance-key-type": ({"decode[0]": {"tp_size": "four"}}, set()),
+    "instance-name-pattern": ({"prefill[0]": {"name": "A"}}, set()),
+    "instance-name-unique": ({"pdnode_prefill_instances": [{"gpus": [0, 1], "name": "a"},
+                                                           {"gpus": [2, 3], "name": "a"}]}, set()),
+    "mem-fraction-range": ({"decode[0]": {"mem_fraction_static": 1.5}}, set()),
+    "size-at-least-1": ({"decode[0]": {"attn_dp_size": 0}}, set()),
+    "dp-replicas-without-attn-dp": ({"decode[0]": {"dp_size": 2}}, set()),
+    "dp-divides-gpus": ({"prefill[0]": {"tp_size": None, "dp_size": 3}}, set()),
+    "tp-divisible-by-attn-dp": ({"decode[0]": {"attn_dp_size": 3}}, set()),
+    "nccl-port-not-pinned-with-dp": ({"prefill[0]": {"tp_size": 2, "dp_size": 2, "nccl_port": 31000}}, set()),
+    "gpus-not-empty": ({"decode[0]": {"gpus": []}}, set()),
+    "gpus-exist": ({"pdnode_gpu_count": 6}, set()),
+    "gpus-unique": ({"decode[0]": {"gpus": [4, 4, 5, 6]}}, set()),
+    "gpus-evenly-spaced": ({"decode[0]": {"gpus": [4, 5, 7, 6]}}, set()),
+    "gpus-match-tp-dp": ({"decode[0]": {"gpus": [4, 5]}}, set()),
+    "gpus-not-shared": ({"decode[0]": {"gpus": [0, 1, 2, 3]}}, set()),
+    "ep-divides-tp": ({"decode[0]": {"ep_size": 3}}, set()),
+    "ep-equals-tp-with-a2a": ({"decode[0]": {"ep_size": 2, "extra_args": {"moe_a2a_backend": "deepep"}}}, set()),
+    "moe-dense-tp-1-or-tp": ({"decode[0]": {"moe_dense_tp_size": 2}}, set()),
+    "dp-lm-head-needs-attn-dp": ({"decode[0]": {"attn_dp_size": 1}}, set()),
+    "dense-ignores-moe": ({"pdnode_model_kind": "dense", "decode[0]": {"moe_dense_tp_size": None}}, set()),
+    "prefill-attn-dp": ({"prefill[0]": {"attn_dp_size": 4}}, set()),
+    "extra-arg-removed-flag": ({"decode[0]": {"extra_args": {"disaggregation_decode_tp": 4}}}, set()),
+    "extra-arg-deprecated-dp-attention": ({"decode[0]": {"extra_args": {"enable_dp_attention": True}}}, set()),
+    "extra-arg-owned": ({"prefill[0]": {"extra_args": {"port": 30000}}}, set()),
+    "extra-arg-unknown": ({"prefill[0]": {"extra_args": {"chunked_prefil_size": 8192}}}, set()),
+    "extra-arg-no-flag": ({"prefill[0]": {"extra_args": {"grpc_worker_threads": 4}}}, set()),
+    "extra-arg-secret": ({"prefill[0]": {"extra_args": {"admin_api_key": "S3CRET"}}}, set()),
+    "extra-arg-value": ({"prefill[0]": {"extra_args": {"chunked_prefill_size": "abc"}}}, set()),
+    "port-range": ({"prefill[0]": {"port": 80}}, set()),
+    "port-collision": ({"prefill[0]": {"port": 8000}}, set()),
+    "router-port-not-30000": ({"pdnode_router_port": 30000}, set()),
+    "transfer-backend-supported": ({"pdnode_transfer_backend": "fake"}, set()),
+    "ib-devices-need-rdma-backend": ({"pdnode_transfer_backend": "mooncake_tcp"}, set()),
+    "ib-device-key-gpu-id": ({"pdnode_ib_devices": {**IB, "gpu8": "mlx5_8"}}, set()),
+    "ib-device-name": ({"pdnode_ib_devices": {**IB, 8: "mlx5 8"}}, set()),
+    "ib-devices-cover-gpus": ({"pdnode_ib_devices": {0: "mlx5_0"}}, set()),
+    "router-policy-known": ({"pdnode_router_policy": "least_load"}, set()),
+    "router-dp-aware-broken": ({"pdnode_router_extra_args": {"dp_aware": True}}, set()),
+    "router-arg-owned": ({"pdnode_router_extra_args": {"port": 8001}}, set()),
+    "router-arg-name": ({"pdnode_router_extra_args": {1: "x"}}, set()),
+    "router-arg-dashes": ({"pdnode_router_extra_args": {"retry-max-retries": 3}}, set()),
+    "router-arg-unknown": ({"pdnode_router_extra_args": {"no_such_option": 1}}, set()),
+    "router-arg-secret": ({"pdnode_router_extra_args": {"oracle_password": "S3CRET"}}, set()),
+    "router-arg-value": ({"pdnode_router_extra_args": {"retry_max_retries": "many"}}, set()),
+    "router-metrics-loopback": ({"pdnode_router_metrics_host": "0.0.0.0"}, set()),
+    "capacity-weights-gb": ({"pdnode_model_weights_gb": 0}, set()),
+    "capacity-model-dir": ({"pdnode_model_weights_gb": None, "pdnode_model_controller_path": "tests/no-such-model"},
+                           set()),
+    # 300 GB on a TP-2 prefill: 150 GB per GPU does not fit an H200; TP 4 would (4 + 4 GPUs fit the host)
+    "capacity-weights-fit": ({"pdnode_model_weights_gb": 300, "prefill[0]": {"gpus": [0, 1], "tp_size": 2}}, set()),
+    # 671 GB: each instance needs 8 H200s, 16 together on an 8-GPU host
+    "capacity-gpus-for-all": ({"pdnode_model_weights_gb": 671}, {"capacity-weights-fit"}),
+    "capacity-gpu-known": ({"pdnode_gpu_model": "NVIDIA H100 PCIe"}, set()),
+}
+
+
+@pytest.fixture(scope="module")
+def gpu01_vars():
+    return variables("gpu01")
+
+
+def _reported(variables_: dict) -> tuple[list, list]:
+    """(errors, warnings) of a node description, as Problems."""
+    try:
+        return [], build_plan(variables_).warnings
+    except PlanError as exc:
+        return exc.problems, []
+
+
+def test_every_rule_has_a_case_and_every_case_a_rule():
+    assert sorted(set(BY_ID) - set(RULE_CASES)) == [], "rules without a case in RULE_CASES"
+    assert sorted(set(RULE_CASES) - set(BY_ID)) == [], "cases for rules that are not registered"
+
+
+def test_registry_is_well_formed():
+    assert len(BY_ID) == len(RULES), "an id is registered twice"
+    for r in RULES:
+        assert r.id == r.id.lower() and " " not in r.id and r.id.strip("-") == r.id, r.id
+        assert r.severity in ("error", "warning"), r.id
+        assert r.doc and "\n" not in r.doc and "|" not in r.doc, r.id  # one line, one table cell
+
+
+@pytest.mark.parametrize("rule_id", sorted(RULE_CASES))
+def test_the_case_triggers_its_rule(gpu01_vars, rule_id):
+    changes, also = RULE_CASES[rule_id]
+    errors, warnings = _reported(changed(gpu01_vars, changes))
+    problems = errors or warnings
+    ids = [p.rule_id for p in problems]
+    assert rule_id in ids, [str(p) for p in problems]
+    assert set(ids) <= {rule_id} | also, [f"{p.rule_id}: {p}" for p in problems]
+    for p in problems:
+        assert p.severity == BY_ID[p.rule_id].severity, p.rule_id
+    # an error refuses the node; a warning alone lets the plan be built
+    assert bool(errors) == (BY_ID[rule_id].severity == "error")
+
+
+def _params(cases: list) -> list:
+    return [pytest.param(p.values[0], id=p.id) for p in cases]
+
+
+@pytest.mark.parametrize("changes", _params(test_plan.CASES) + _params(test_plan_hostile.REFUSED)
+                         + _params(test_plan_hostile.ACCEPTED))
+def test_every_problem_of_the_plan_tests_has_a_registered_id(gpu01_vars, changes):
+    errors, warnings = _reported(changed(gpu01_vars, changes))
+    for p in errors + warnings:
+        assert p.rule_id in BY_ID, f"{p.rule_id!r} is not in pdnode.rules: {p}"
+        assert p.severity == BY_ID[p.rule_id].severity, p.rule_id
+
+
+# The checker's calls in the plan's modules: c.error / c.warn / self.error (plan,
+# instances, ports), error (values), WeightsError (capacity).
+MODULES = ["plan.py", "instances.py", "ports.py", "values.py", "capacity.py"]
+_FORWARDS = {"rule_id"}  # c.error(exc.rule_id, ...) passes on an id set at the source
+
+
+def _calls(tree: ast.AST):
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+        # (c.error if ... else c.warn)(...): the capacity findings' dispatch
+        if isinstance(f, ast.IfExp) or name in ("error", "warn", "WeightsError"):
+            yield node
+
+
+def test_every_call_site_passes_a_registered_id():
+    seen: set[str] = set()
+    count = 0
+    for module in MODULES:
+        path = ROOT / "scripts" / "pdnode" / module
+        for call in _calls(ast.parse(path.read_text(), str(path))):
+            count += 1
+            first = call.args[0] if call.args else None
+            where = f"{module}:{call.lineno}"
+            if isinstance(first, ast.Attribute) and first.attr in _FORWARDS:
+                continue
+            assert isinstance(first, ast.Constant) and isinstance(first.value, str), f"{where}: no rule id literal"
+            assert first.value in BY_ID, f"{where}: {first.value!r} is not in pdnode.rules"
+            seen.add(first.value)
+    assert count > 60  # the walk found the call sites at all
+    # the capacity findings' ids are made by Finding.rule_id, not at a call site
+    capacity_source = (ROOT / "scripts" / "pdnode" / "capacity.py").read_text()
+    found = {r for r in BY_ID if f'"{r}"' in capacity_source}
+    assert sorted(set(BY_ID) - seen - found) == [], "registered but never passed by any call site"
+
+
+# --- pdnode check --json ---------------------------------------------------------------------
+
+def _check_json(capsys, inventory: Path) -> tuple[int, dict]:
+    rc = cli.main(["check", "--json", str(inventory)])
+    out, err = capsys.readouterr()
+    assert err == ""
+    return rc, json.loads(out)
+
+
+def test_check_json_ok(capsys):
+    rc, got = _check_json(capsys, ROOT / "inventories" / "gpu01")
+    assert (rc, got) == (0, {"ok": True, "host": "gpu01", "problems": [], "warnings": []})
+
+
+def test_check_json_lists_each_problem_with_its_rule(capsys, tmp_path):
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text("all:\n  hosts:\n    gpu01:\n")
+    src = ROOT / "inventories" / "gpu01" / "group_vars"
+    (inv / "group_vars").symlink_to(src)
+    (inv / "host_vars").mkdir()
+    (inv / "host_vars" / "gpu01.yml").write_text(
+        "---\npdnode_decode_instances:\n  - gpus: [4, 5, 6, 7]\n    tp_size: 4\n    attn_dp_size: 3\n"
+        "pdnode_install_root: /opt/" + "a" * 200 + "\n")
+    rc, got = _check_json(capsys, inv)
+    assert rc == 1 and got["ok"] is False and got["warnings"] == []
+    by_rule = {p["rule"]: p for p in got["problems"]}
+    assert set(by_rule) == {"tp-divisible-by-attn-dp", "path-length"}
+    tp = by_rule["tp-divisible-by-attn-dp"]
+    assert tp == {"rule": "tp-divisible-by-attn-dp", "field": "pdnode_decode_instances[0].tp_size", "value": 4,
+                  "message": tp["message"], "fix": "use an attn_dp_size that divides 4 (e.g. 2)",
+                  "severity": "error", "source": "inv/host_vars/gpu01.yml"}
+    assert tp["message"].startswith("is not divisible by attn_dp_size=3")
+    # a long value is cut as in the text line
+    assert by_rule["path-length"]["value"] == "/opt/" + "a" * 95 + "... (205 characters)"
+
+
+def test_check_json_warnings(capsys, tmp_path):
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text("all:\n  hosts:\n    gpu01:\n      pdnode_router_metrics_host: 0.0.0.0\n")
+    (inv / "group_vars").symlink_to(ROOT / "inventories" / "gpu01" / "group_vars")
+    rc, got = _check_json(capsys, inv)
+    assert rc == 0 and got["ok"] is True and got["problems"] == []
+    assert [(w["rule"], w["severity"], w["value"]) for w in got["warnings"]] == [
+        ("router-metrics-loopback", "warning", "0.0.0.0")]
