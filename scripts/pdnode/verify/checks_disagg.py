@@ -219,7 +219,10 @@ def handoff(ctx: Ctx, prefill: Instance, decode: Instance) -> Handoff:
         return ctx.handoffs[key]
     h = Handoff(prefill.id, decode.id)
     ctx.handoffs[key] = h
-    assert prefill.url and decode.url  # both passed their checks, which need the URL
+    if not (prefill.url and decode.url):  # both passed their checks, which need the URL: not expected
+        h.unreadable = [f"{i.id} is not reachable from here" for i in (prefill, decode) if not i.url]
+        return h
+    p_url, d_url = prefill.url, decode.url
     before = {i.id: ctx.scrape(i) for i in (prefill, decode)}
     # A random room: the bootstrap server pairs prefill's and decode's halves by it.
     body = {"text": f"[{prefill.id} {decode.id}] " + make_prompt(ctx.s.prompt_words),
@@ -228,12 +231,12 @@ def handoff(ctx: Ctx, prefill: Instance, decode: Instance) -> Handoff:
             "bootstrap_room": int.from_bytes(os.urandom(8), "big") >> 1}
     resps: dict[str, Response] = {}
 
-    def send(inst: Instance) -> None:
-        resps[inst.id] = request("POST", inst.url + "/generate", body=body, headers=ctx.node_headers(),
-                                 timeout_s=ctx.limit())
+    def send(iid: str, url: str) -> None:
+        resps[iid] = request("POST", url + "/generate", body=body, headers=ctx.node_headers(), timeout_s=ctx.limit())
 
     t0 = time.monotonic()
-    threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in (prefill, decode)]
+    threads = [threading.Thread(target=send, args=(prefill.id, p_url), daemon=True),
+               threading.Thread(target=send, args=(decode.id, d_url), daemon=True)]
     for t in threads:
         t.start()
     for t in threads:
@@ -250,7 +253,8 @@ def handoff(ctx: Ctx, prefill: Instance, decode: Instance) -> Handoff:
         h.unreadable = [str(s) for s in (*before.values(), *after.values()) if not isinstance(s, pm.Snapshot)]
         if h.unreadable:
             break
-        h.deltas = {i.id: deltas(i, before[i.id], after[i.id]) for i in (prefill, decode)}  # type: ignore[arg-type]
+        h.deltas = {i.id: deltas(i, b, a) for i in (prefill, decode)
+                    if isinstance(b := before[i.id], pm.Snapshot) and isinstance(a := after[i.id], pm.Snapshot)}
         if not h.answered or all(not _short(i, h.deltas[i.id]) for i in (prefill, decode)) \
                 or time.monotonic() >= end:
             break

@@ -103,12 +103,12 @@ def threshold_value(key: str, before: Snaps, after: Snaps, wall_s: float,
     ids = [iid for iid, role in roles.items() if role == t.role]
     if not ids:
         return None, f"no {t.role} instance in the plan"
-    for iid in ids:
-        for snap in (before.get(iid), after.get(iid)):
-            if not isinstance(snap, pm.Snapshot):
-                return None, f"{iid} metrics unreadable"
-    b = pm.merge({iid: before[iid] for iid in ids})  # type: ignore[misc]
-    a = pm.merge({iid: after[iid] for iid in ids})  # type: ignore[misc]
+    got_b = {iid: s for iid in ids if isinstance(s := before.get(iid), pm.Snapshot)}
+    got_a = {iid: s for iid in ids if isinstance(s := after.get(iid), pm.Snapshot)}
+    unreadable = [iid for iid in ids if iid not in got_b or iid not in got_a]
+    if unreadable:
+        return None, f"{unreadable[0]} metrics unreadable"
+    b, a = pm.merge(got_b), pm.merge(got_a)
     who = t.role if len(ids) == 1 else f"{t.role} ({', '.join(ids)} summed)"
     if t.stat == "rate":
         delta = pm.counter_delta(b, a, t.metric)
