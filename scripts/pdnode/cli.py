@@ -187,7 +187,8 @@ OPTIONAL_HELP = {
     "plan": "rank the host's prefill/decode layouts for a workload from bench measurements",
     "bench": "load through the router; throughput, TTFT/ITL/E2E and per-instance work (exit 0 all completed, "
              "1 bad input or failures, 2 could not run)",
-    "runbooks": "write per-host runbooks (units, ports, paths, commands) to .cache/runbooks/<host>/",
+    "runbooks": "write this inventory's per-host runbooks (its units, ports, paths, commands) to "
+                ".cache/runbooks/<host>/",
 }
 
 
