@@ -177,7 +177,7 @@ def _capacity(shape: Shape, p: Params, w: Workload, hi: float) -> float:
     if _state(shape, p, w, hi) is not None:
         return hi
     lo = 0.0
-    for _ in range(200):
+    for _ in range(80):
         mid = (lo + hi) / 2
         if _state(shape, p, w, mid) is None:
             hi = mid
@@ -222,7 +222,7 @@ def predict(shape: Shape, p: Params, w: Workload) -> Prediction:
             ttft = latency - steps * st.itl
             why = _limiting(shape, p, w, x) if cap < hi else "concurrency"
             return Prediction(x, x * w.output_len, ttft, st.itl, st.n, st.rho, why)
-        for _ in range(200):
+        for _ in range(80):  # 2^-80: far below any measurement's precision
             mid = (lo + top) / 2
             st = _state(shape, p, w, mid)
             if st is not None and w.concurrency / st.latency(steps) > mid:
@@ -270,42 +270,49 @@ def fit(runs: Sequence[Run], kv_s_per_token: float) -> Params:
     if gamma < 0:  # noise around a flat line: no per-request cost measured
         gamma = 0.0
     beta = max(my - gamma * mx, 1e-9)
-    # prefill: delta_i(tau) = TTFT_i - (hand-off + join + prefill latency); one delta fits all
-    parts = []
-    for r in pd:
-        assert r.shape.prefill is not None
-        n = r.request_s * max(r.workload.output_len - 1, 0) * r.itl_s / r.shape.decode.ranks
-        rest = r.ttft_s - r.workload.input_len * kv_s_per_token - 0.5 * r.itl_s * min(1.0, n)
-        per_tau = r.workload.input_len / r.shape.prefill.rank_gpus  # s_i = per_tau * tau
-        load = r.request_s / r.shape.prefill.ranks  # rho_i = load * s_i
-        parts.append((rest, per_tau, load))
-    tau_max = min(1 / (load * per_tau) for _, per_tau, load in parts if load > 0) * (1 - 1e-9)
-    if not math.isfinite(tau_max):
-        tau_max = max(rest / per_tau for rest, per_tau, _ in parts if rest > 0) if any(
-            rest > 0 for rest, _, _ in parts) else 1.0
+    # prefill and the fixed TTFT: the (tau, delta) whose predictions of the measured runs
+    # (the closed-loop solution, not the utilisation formula at the measured load, which
+    # explodes near saturation) best match their throughput and TTFT, in log terms.
+    closed = [r for r in pd if r.workload.concurrency is not None or r.workload.rate is not None]
+    if not closed:
+        raise MeasurementError("--measurements: no run names its concurrency or rate (workload.concurrency / "
+                               "workload.rate); Fix: use `pdnode bench --json` reports")
 
-    def deltas(tau: float) -> list[float]:
-        return [rest - per_tau * tau / (1 - load * per_tau * tau) for rest, per_tau, load in parts]
+    def cost(tau: float, delta: float) -> float:
+        params = Params(tau=tau, beta=beta, gamma=gamma, delta=delta, kv_s_per_token=kv_s_per_token)
+        total = 0.0
+        for r in closed:
+            pr = predict(r.shape, params, r.workload)
+            if not (math.isfinite(pr.ttft_s) and pr.ttft_s > 0 and pr.request_s > 0):
+                return math.inf
+            total += math.log(pr.request_s / r.request_s) ** 2 + math.log(pr.ttft_s / r.ttft_s) ** 2
+        return total
 
-    def cost(tau: float) -> float:
-        d = deltas(tau)
-        mean = sum(d) / len(d)
-        spread = sum((v - mean) ** 2 for v in d)
-        # a tiny pull towards delta = 0 decides when the runs cannot (one run, same load)
-        return spread + 1e-6 * mean ** 2 + (1e3 * mean ** 2 if mean < 0 else 0.0)
-
-    grid = [tau_max * 10 ** (-7 + 7 * i / 4000) for i in range(4001)]
-    best = min(grid, key=cost)
-    lo, hi = best / 10 ** (7 / 4000), min(best * 10 ** (7 / 4000), tau_max)
-    for _ in range(100):  # golden-section refinement between the grid neighbours
-        m1, m2 = lo + (hi - lo) * 0.382, lo + (hi - lo) * 0.618
-        if cost(m1) <= cost(m2):
-            hi = m2
-        else:
-            lo = m1
-    tau = (lo + hi) / 2
-    d = deltas(tau)
-    delta = max(sum(d) / len(d), 0.0)
+    # tau: at most what makes the fastest-measured run's prefill the whole request time
+    tau_hi = min(r.ttft_s * r.shape.prefill.rank_gpus / r.workload.input_len for r in closed
+                 if r.shape.prefill is not None)
+    delta_hi = min(r.ttft_s for r in closed)
+    best = (math.inf, tau_hi / 10, 0.0)
+    for i in range(25):
+        tau = tau_hi * 10 ** (-4 * i / 24)
+        for j in range(13):
+            delta = delta_hi * j / 12
+            c = cost(tau, delta)
+            if c < best[0]:
+                best = (c, tau, delta)
+    _, tau, delta = best
+    step_t, step_d = 10 ** (4 / 24), delta_hi / 12
+    for _ in range(40):  # pattern search around the grid's best point
+        moved = False
+        for t, d in ((tau * step_t, delta), (tau / step_t, delta), (tau, delta + step_d), (tau, delta - step_d)):
+            if 0 < t <= tau_hi and 0 <= d <= delta_hi:
+                c = cost(t, d)
+                if c < best[0]:
+                    best, tau, delta, moved = (c, t, d), t, d, True
+        if not moved:
+            step_t, step_d = step_t ** 0.5, step_d / 2
+            if step_t < 1.001:
+                break
     return Params(tau=tau, beta=beta, gamma=gamma, delta=delta, kv_s_per_token=kv_s_per_token)
 
 
