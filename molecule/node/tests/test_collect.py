@@ -120,11 +120,11 @@ def test_the_bundle_holds_what_an_incident_needs(run):
     assert status["http/router.workers.json"] == 200
     workers = json.loads(files["http/router.workers.json"])["workers"]
     assert sorted(w["worker_type"] for w in workers) == ["decode", "prefill"]
-    for name in ("prefill", "decode", "router"):
+    for name in ("prefill-0", "decode-0", "router"):
         assert status[f"http/{name}.metrics.txt"] == 200 and "# TYPE" in files[f"http/{name}.metrics.txt"], name
     key_files = {k["path"]: k for k in json.loads(files["config/key-files.json"])["files"]}
     assert {k["mode"] for k in key_files.values()} == {"0400"} and all(k["size"] > 0 for k in key_files.values())
-    assert json.loads(files["config/prefill.json"])["disaggregation_mode"] == "prefill"
+    assert json.loads(files["config/prefill-0.json"])["disaggregation_mode"] == "prefill"
     assert "==" in files["release/pip-freeze.txt"] and status["release/pip-freeze.txt"] == 0
     assert status["host/ss-ltnp.txt"] == 0 and ":8000" in files["host/ss-ltnp.txt"]
     missing = {m["item"]: m["reason"] for m in manifest["missing"]}

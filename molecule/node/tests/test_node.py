@@ -164,7 +164,7 @@ def test_verify_passes_on_the_healthy_node(host, plan_on_host):
 
 
 @pytest.mark.parametrize(("role_port", "faults", "args", "expected"), [
-    (30000, ["bootstrap_down"], "--skip-burst", "bootstrap"),
+    (30000, ["bootstrap_down"], "--skip-burst", "bootstrap.prefill-0"),
     (30001, ["rename_metric:sglang:generation_tokens_total=sglang:gen_tokens_total"], "--skip-burst", "metrics"),
     (30001, ["slow:30"], "", "threshold.itl_p50_max_s"),
 ])
@@ -193,7 +193,7 @@ def test_verify_sees_a_hung_decode(host, plan_on_host):
         rc, failed, report = run_verify(host, plan_on_host)
     finally:
         host.check_output(f"kill -CONT {pid}")
-    assert rc == 1 and "decode" in failed, report["failures"]
+    assert rc == 1 and "decode-0" in failed, report["failures"]
     _wait_serving(host)
 
 
