@@ -300,6 +300,22 @@ def test_router_url_as_the_controller_reaches_it(bind: str, variables: dict[str,
     assert bench.router_base_url(plan, variables, "gpu01", resolve_docker=docker.__getitem__) == want
 
 
+@pytest.mark.parametrize("raw, want", [
+    ("http://10.0.0.5:8000", "http://10.0.0.5:8000"), ("http://10.0.0.5:8000/", "http://10.0.0.5:8000"),
+    ("https://gw.example.internal", "https://gw.example.internal"), ("http://[fd00::5]:8000", "http://[fd00::5]:8000"),
+])
+def test_base_url_is_the_router_root(raw: str, want: str) -> None:
+    assert bench.checked_base_url(raw) == want
+
+
+@pytest.mark.parametrize("raw", ["10.0.0.5:8000", "ftp://h:1", "http://", "http://h:99999", "http://h:8000/v1",
+                                 "http://u:p@h:8000", "http://h:8000?x=1"])
+def test_a_base_url_that_is_not_a_root_is_refused(raw: str) -> None:
+    with pytest.raises(bench.BenchError) as exc:
+        bench.checked_base_url(raw)
+    assert exc.value.code == 1 and f"--base-url {raw!r}" in str(exc.value)
+
+
 def test_a_loopback_only_router_is_refused_from_elsewhere_with_the_way_out() -> None:
     with pytest.raises(bench.BenchError, match="--base-url"):
         bench.router_base_url(plan_dict([], [], host="127.0.0.1"), {"ansible_host": "gpu01"}, "gpu01")

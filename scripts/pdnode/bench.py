@@ -116,6 +116,28 @@ def _loopback(host: str) -> bool:
     return host in ("localhost", "::1", "[::1]") or host.startswith("127.")
 
 
+def checked_base_url(raw: str) -> str:
+    """--base-url as given, or BenchError (exit 1): http(s)://HOST[:PORT] and nothing else."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(raw.strip())
+        port_ok = parts.port is None or 0 < parts.port < 65536
+    except ValueError:
+        parts, port_ok = None, False
+    if (parts is None or not port_ok or parts.scheme not in ("http", "https") or not parts.hostname
+            or parts.path.strip("/") or parts.query or parts.fragment or parts.username):
+        raise BenchError(f"--base-url {raw!r} is not http(s)://HOST[:PORT]: give the router's root, e.g. "
+                         "--base-url http://10.0.0.5:8000", EXIT_BAD)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _url_hostname(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).hostname or ""
+
+
 def docker_address(container: str) -> str:
     """The container's address on its docker network (the demo node's router is there)."""
     try:
@@ -349,7 +371,7 @@ def _bench(args: argparse.Namespace) -> int:
         raise BenchError(f"--tokenizer {tokenizer}: no tokenizer.json or tokenizer_config.json there; give a model "
                          "directory with a Hugging Face tokenizer", EXIT_BAD)
     plan, variables, host, inventory = _load(args)
-    base_url = args.base_url.rstrip("/") if args.base_url else router_base_url(plan, variables, host)
+    base_url = checked_base_url(args.base_url) if args.base_url else router_base_url(plan, variables, host)
     api_key = _api_key(plan)
     python = client_python(args.client_python)
     version = client_version(python)
@@ -366,7 +388,7 @@ def _bench(args: argparse.Namespace) -> int:
         argv = client_argv(python, base_url=base_url, tokenizer=str(tokenizer), served_model_name=served, wl=wl,
                            output_file=str(out_file))
         env = client_env(os.environ, api_key=api_key,
-                         router_host=base_url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]"),
+                         router_host=_url_hostname(base_url),
                          stub_dir=str(work / "stubs"))
 
         say(f"router {base_url}; warm-up requests: {wl['warmup_requests']}")
