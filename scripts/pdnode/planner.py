@@ -130,9 +130,10 @@ def _why(cand: Any, pred: Prediction, args: argparse.Namespace) -> str:
         misses.append(f"ITL {_secs(pred.itl_s)} > --itl-max {args.itl_max:g} s")
     if misses:
         return "misses " + "; ".join(misses)
+    load = f"prefill {pred.prefill_util:.0%} busy, {pred.decode_batch:.1f} running per decode rank"
     if pred.bottleneck in ("prefill", "decode", "decode batch limit"):
-        return f"saturated: {pred.bottleneck}"
-    return f"prefill {pred.prefill_util:.0%} busy, {pred.decode_batch:.1f} running per decode rank"
+        return f"limited by {pred.bottleneck}; {load}"
+    return load
 
 
 def _secs(v: float) -> str:

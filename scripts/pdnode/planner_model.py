@@ -188,17 +188,25 @@ def _capacity(shape: Shape, p: Params, w: Workload, hi: float) -> float:
     return lo
 
 
-def _limiting(shape: Shape, p: Params, w: Workload, x: float) -> str:
-    """Which pool gives out just above load x."""
-    over = x * 1.0001 + 1e-12
+def capacities(shape: Shape, p: Params, w: Workload) -> dict[str, float]:
+    """Requests/s each pool could carry alone: prefill ranks / s; decode ranks over the
+    steps' per-request cost (the step grows with the batch), or at the batch limit."""
+    steps = max(w.output_len - 1, 1)
     pre = shape.decode if shape.colocated else shape.prefill
     assert pre is not None
-    if over * w.input_len * p.tau / pre.rank_gpus / pre.ranks >= 1:
-        return "prefill"
-    probe = Shape(prefill=shape.prefill, decode=Pool(shape.decode.ranks, shape.decode.gpus, None))
-    if _state(probe, p, w, over) is not None:
-        return "decode batch limit"
-    return "decode"
+    out = {"prefill": pre.ranks * pre.rank_gpus / (w.input_len * p.tau) if p.tau > 0 else math.inf,
+           "decode": shape.decode.ranks / (steps * p.gamma) if p.gamma > 0 else math.inf}
+    limit = shape.decode.batch_limit
+    if limit is not None:
+        out["decode batch limit"] = shape.decode.ranks * limit / (steps * (p.beta + p.gamma * (limit - 1)))
+    return out
+
+
+def _limiting(shape: Shape, p: Params, w: Workload, x: float, near: float = 0.95) -> str:
+    """The pool whose capacity load x (nearly) reaches, else "concurrency" (the clients
+    are too few to fill any pool)."""
+    name, cap = min(capacities(shape, p, w).items(), key=lambda kv: kv[1])
+    return name if x >= near * cap else "concurrency"
 
 
 def predict(shape: Shape, p: Params, w: Workload) -> Prediction:
@@ -220,8 +228,7 @@ def predict(shape: Shape, p: Params, w: Workload) -> Prediction:
             x, st = top, top_state
             latency = w.concurrency / x
             ttft = latency - steps * st.itl
-            why = _limiting(shape, p, w, x) if cap < hi else "concurrency"
-            return Prediction(x, x * w.output_len, ttft, st.itl, st.n, st.rho, why)
+            return Prediction(x, x * w.output_len, ttft, st.itl, st.n, st.rho, _limiting(shape, p, w, x, 0.0))
         for _ in range(80):  # 2^-80: far below any measurement's precision
             mid = (lo + top) / 2
             st = _state(shape, p, w, mid)
@@ -232,7 +239,7 @@ def predict(shape: Shape, p: Params, w: Workload) -> Prediction:
         x = lo
         st = _state(shape, p, w, x)
         assert st is not None
-        return Prediction(x, x * w.output_len, st.ttft, st.itl, st.n, st.rho, "concurrency")
+        return Prediction(x, x * w.output_len, st.ttft, st.itl, st.n, st.rho, _limiting(shape, p, w, x))
     assert w.rate is not None
     if w.rate < cap:
         st = _state(shape, p, w, w.rate)
@@ -241,7 +248,7 @@ def predict(shape: Shape, p: Params, w: Workload) -> Prediction:
     st = _state(shape, p, w, cap)
     assert st is not None
     # above capacity the queue (and TTFT) grows for as long as the load lasts
-    return Prediction(cap, cap * w.output_len, math.inf, st.itl, st.n, st.rho, _limiting(shape, p, w, cap))
+    return Prediction(cap, cap * w.output_len, math.inf, st.itl, st.n, st.rho, _limiting(shape, p, w, cap, 0.0))
 
 
 # --- fitting the rates to measured runs ---------------------------------------------------
