@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,20 @@ def test_runs_are_read_into_shapes():
     run: Run = run_from_bench(bench_doc(8), "x")
     assert run.shape.prefill == Pool(ranks=1, gpus=4) and run.shape.decode == Pool(ranks=4, gpus=4)
     assert run.workload == Workload(256, 64, concurrency=8)
+
+
+def test_written_instances_keep_the_inventorys_extra_args_and_pass_yamllint(bench_files, tmp_path, capsys):
+    inv = tmp_path / "inv"
+    shutil.copytree(ROOT / "inventories" / "gpu01-2p1d", inv)
+    host = load_inventory(inv).host
+    out = inv / "host_vars" / f"{host}.yml"
+    out.parent.mkdir(exist_ok=True)
+    assert main(["plan", str(inv), "--measurements", bench_files[0], "--measurements", bench_files[1],
+                 "--write", str(out)]) == 0
+    written = yaml.safe_load(out.read_text())
+    carried = load_inventory(ROOT / "inventories" / "gpu01-2p1d").variables["pdnode_prefill_instances"][0]["extra_args"]
+    assert all(e["extra_args"] == carried for e in written["pdnode_prefill_instances"])
+    assert main(["check", str(inv)]) == 0
+    lint = subprocess.run([str(ROOT / ".venv" / "bin" / "yamllint"), "-s", "-c", str(ROOT / ".yamllint"), str(out)],
+                          capture_output=True, text=True, check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
