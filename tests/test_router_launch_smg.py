@@ -178,6 +178,8 @@ def test_smg_table_names_its_source_and_shapes():
     assert SMG["prefill"]["list"] and SMG["decode"]["list"] and SMG["pd_disaggregation"]["kind"] == "flag"
     assert SMG["sse_keepalive_secs"]["kind"] == "int"  # smg's unsigned parser counts as an integer
     assert argtable.ROUTER_TABLES == {"sglang-router": argtable.ROUTER_TABLE, "smg": argtable.SMG_TABLE}
+    assert argtable.load_source(argtable.SMG_TABLE) == "smg 1.13.0"
+    assert argtable.load_source(argtable.ROUTER_TABLE) == "sglang-router 0.3.2"
 
 
 def test_describe_parser_reads_unsigned_ints_as_int():

@@ -103,6 +103,12 @@ def load(name: str) -> dict[str, dict[str, Any]]:
     return json.loads(resources.files("pdnode").joinpath(name).read_text(encoding="utf-8"))["args"]
 
 
+@cache
+def load_source(name: str) -> str:
+    """Which parser a committed table was generated from, e.g. "smg 1.13.0"."""
+    return json.loads(resources.files("pdnode").joinpath(name).read_text(encoding="utf-8"))["source"]
+
+
 def _scalar_problem(entry: dict[str, Any], value: Any) -> str | None:
     kind = entry["kind"]
     if isinstance(value, bool):
