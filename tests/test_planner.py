@@ -265,6 +265,10 @@ def test_runs_are_read_into_shapes():
     run: Run = run_from_bench(bench_doc(8), "x")
     assert run.shape.prefill == Pool(ranks=1, gpus=4) and run.shape.decode == Pool(ranks=4, gpus=4)
     assert run.workload == Workload(256, 64, concurrency=8)
+    # lengths drawn from half to the full length: the model takes their mean
+    assert run_from_bench(bench_doc(8, workload__range_ratio=0.5), "x").workload == Workload(192, 48, concurrency=8)
+    replicas = bench_doc(8, layout__prefill=[{"tp_size": 2, "dp_size": 2}])
+    assert run_from_bench(replicas, "x").shape.prefill == Pool(ranks=2, gpus=4)
 
 
 def test_written_instances_keep_the_inventorys_extra_args_and_pass_yamllint(bench_files, tmp_path, capsys):

@@ -365,8 +365,12 @@ def run_from_bench(doc: Any, src: str) -> Run:
                                f"Fix: use `pdnode bench --json` output")
     spec = doc.get("workload") if isinstance(doc.get("workload"), Mapping) else {}
     conc, rate = spec.get("concurrency"), spec.get("rate")
-    wl = Workload(input_len=int(_num(doc, "workload.input_len", src, 1, strict=False)),
-                  output_len=int(_num(doc, "workload.output_len", src, 2, strict=False)),
+    # lengths drawn uniformly from range_ratio x len to len (bench's random dataset): the mean
+    ratio = spec.get("range_ratio", 1.0)
+    ratio = float(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio <= 1 else 1.0
+    mean = (1 + ratio) / 2
+    wl = Workload(input_len=max(round(_num(doc, "workload.input_len", src, 1, strict=False) * mean), 1),
+                  output_len=max(round(_num(doc, "workload.output_len", src, 2, strict=False) * mean), 2),
                   concurrency=conc if isinstance(conc, int) and not isinstance(conc, bool) and conc > 0 else None,
                   rate=float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool)
                   and math.isfinite(rate) and rate > 0 else None)
