@@ -82,8 +82,14 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_verify_reference_answer", "str", "Paris", "text the probe's answer must contain (at most 200 characters)"),
     _F("pdnode_verify_thresholds", "dict", {}, "metric thresholds, see THRESHOLD_KEYS"),
     # Stand-in engine knobs (pdnode_engine: sim)
-    _F("pdnode_sim_prefill_ms_per_token", "float", 0.05, "stand-in prefill time per prompt token"),
-    _F("pdnode_sim_decode_ms_per_token", "float", 5.0, "stand-in decode time per output token"),
+    _F("pdnode_sim_prefill_ms_per_token", "float", 0.05, "stand-in prefill time per prompt token on ONE GPU "
+       "(a rank of tp GPUs takes 1/tp of it; docs/planner.md)"),
+    _F("pdnode_sim_decode_ms_per_token", "float", 5.0, "stand-in decode step time for a lone request (the ITL of one request)"),
+    _F("pdnode_sim_decode_ms_per_request", "float", 0.5, "stand-in decode step time added per further running request "
+       "on the rank (batching: a step serves every running request)"),
+    _F("pdnode_sim_max_running_per_rank", "int", 256, "stand-in batch limit per scheduler rank when max_running_requests "
+       "is not set (more requests queue)"),
+    _F("pdnode_sim_kv_bytes_per_token", "int", 16384, "stand-in KV cache bytes moved prefill -> decode per prompt token"),
     _F("pdnode_sim_startup_s", "float", 1.0, "stand-in 'model load' time before /health is 200"),
 )
 

@@ -298,6 +298,11 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
     if isinstance(v["pdnode_gpu_count"], int) and v["pdnode_gpu_count"] < 1:
         c.error("gpu-count-positive",
                 "pdnode_gpu_count", v["pdnode_gpu_count"], "must be at least 1", "set the number of GPUs of the host")
+    for name in ("pdnode_sim_prefill_ms_per_token", "pdnode_sim_decode_ms_per_token", "pdnode_sim_startup_s",
+                 "pdnode_sim_decode_ms_per_request", "pdnode_sim_max_running_per_rank", "pdnode_sim_kv_bytes_per_token"):
+        floor = 1 if BY_NAME[name].kind == "int" else 0
+        if isinstance(v[name], (int, float)) and v[name] < floor:
+            c.error("sim-value-range", name, v[name], f"must be {floor} or more", f"use e.g. {BY_NAME[name].default}")
     worker_host = v["pdnode_worker_host"]
     if isinstance(worker_host, str) and not _is_loopback(worker_host):
         c.error("worker-host-loopback",
@@ -445,6 +450,9 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
             "PDNODE_SIM_PREFILL_MS_PER_TOKEN": str(v["pdnode_sim_prefill_ms_per_token"]),
             "PDNODE_SIM_DECODE_MS_PER_TOKEN": str(v["pdnode_sim_decode_ms_per_token"]),
             "PDNODE_SIM_STARTUP_S": str(v["pdnode_sim_startup_s"]),
+            "PDNODE_SIM_DECODE_MS_PER_REQUEST": str(v["pdnode_sim_decode_ms_per_request"]),
+            "PDNODE_SIM_MAX_RUNNING_PER_RANK": str(v["pdnode_sim_max_running_per_rank"]),
+            "PDNODE_SIM_KV_BYTES_PER_TOKEN": str(v["pdnode_sim_kv_bytes_per_token"]),
         })
     key = ["--api-key-file", install["api_key_path"]] if v["pdnode_api_key_file"] else []
     prefills = [i for i in engines if i.role == "prefill"]

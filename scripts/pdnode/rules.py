@@ -51,6 +51,8 @@ RULES: tuple[Rule, ...] = (
     Rule("served-name-pattern", "error", "`pdnode_model_served_name` holds only letters, digits and `. _ : / @ + -`"),
     Rule("gpu-model-name", "error", "`pdnode_gpu_model` is a GPU name as nvidia-smi prints it"),
     Rule("gpu-count-positive", "error", "`pdnode_gpu_count` is at least 1"),
+    Rule("sim-value-range", "error", "a stand-in knob (`pdnode_sim_*`) is a time of 0 or more, or a count of 1 "
+         "or more"),
     Rule("version-pattern", "error", "a version is a release number such as 0.5.23 or 0.3.13.post1"),
     Rule("host-address", "error", "a bind host is an IP address or a DNS name"),
     Rule("worker-host-loopback", "error", "prefill and decode listen on loopback only (the router is the node's "
