@@ -277,7 +277,7 @@ CASES = [
     ),
     pytest.param(
         {'pdnode_router_policy': 'bucket'},
-        ["pdnode_router_policy='bucket': not a PD routing policy of sglang-router 0.3.2. Fix: use one of random, round_robin, cache_aware, power_of_two."],
+        ["pdnode_router_policy='bucket': not a PD routing policy pdnode offers. Fix: use one of random, round_robin, cache_aware, power_of_two."],
         id='policy',
     ),
     pytest.param(

@@ -42,7 +42,7 @@ def test_services_of_the_demo_node(demo_vars):
     assert s["decode-0"]["ready"] == ["http://127.0.0.1:30001/health"]
     assert _units_view(s["router"]) == {
         "unit": "sglang-pd-router.service",
-        "exec": [py, "-m", "pdnode.router_launch", "/etc/sglang-pd/router.json",
+        "exec": [py, "-m", "pdnode.router_launch", "/etc/sglang-pd/router.json", "--router-package", "sglang-router",
                  "--admin-key-file", "/etc/sglang-pd/router-admin-key"],
         "ready": ["http://127.0.0.1:8000/readiness"],
     }
@@ -55,7 +55,16 @@ def test_api_key_file_goes_to_every_service(demo_vars):
     for sid in ("prefill-0", "decode-0", "router"):
         assert s[sid]["exec"][-2:] == ["--api-key-file", "/etc/pd/api-key"], sid
     # The admin key is always there and separate from the client key.
-    assert s["router"]["exec"][4:6] == ["--admin-key-file", "/etc/pd/router-admin-key"]
+    assert s["router"]["exec"][6:8] == ["--admin-key-file", "/etc/pd/router-admin-key"]
+
+
+def test_smg_is_a_release_of_its_own_started_by_package(demo_vars):
+    p = _plan(demo_vars, pdnode_router_package="smg")
+    assert "-smg-1.13.0-" in p["install"]["venv"] and "-router-" not in p["install"]["venv"]
+    assert p["install"]["router_requirement"] == "smg==1.13.0"
+    router = p["services"]["router"]
+    assert router["exec"][4:6] == ["--router-package", "smg"] and router["args"]["log_json"] is True
+    assert _plan(demo_vars)["install"]["router_requirement"] == "sglang-router==0.3.2"
 
 
 @pytest.mark.parametrize(("host", "url"), [

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SGLANG = BY_NAME["pdnode_sglang_version"].default
 ROUTER = BY_NAME["pdnode_sglang_router_version"].default
 MOONCAKE = BY_NAME["pdnode_mooncake_version"].default
+SMG = BY_NAME["pdnode_smg_version"].default
 MOONCAKE_CU13 = BY_NAME["pdnode_mooncake_cuda13_version"].default
 
 
@@ -49,9 +50,12 @@ def _conformance_pin(name: str) -> str:
 PLACES = [
     pytest.param(lambda: _yaml("roles/sglang/defaults/main.yml")["sglang_version"], SGLANG, id="sglang role default"),
     pytest.param(lambda: _spec_default("sglang", "sglang_version"), SGLANG, id="sglang argument_specs"),
-    pytest.param(lambda: _yaml("roles/sglang/defaults/main.yml")["sglang_router_version"], ROUTER,
+    pytest.param(lambda: _yaml("roles/sglang/defaults/main.yml")["sglang_router_requirement"], f"sglang-router=={ROUTER}",
                  id="router role default"),
-    pytest.param(lambda: _spec_default("sglang", "sglang_router_version"), ROUTER, id="router argument_specs"),
+    pytest.param(lambda: _spec_default("sglang", "sglang_router_requirement"), f"sglang-router=={ROUTER}",
+                 id="router argument_specs"),
+    pytest.param(lambda: _pins()["smg"], SMG, id="pyproject smg pin"),
+    pytest.param(lambda: argtable.SMG_TABLE, f"data/routerargs-smg-{SMG}.json", id="smg argument table"),
     pytest.param(lambda: _yaml("roles/sglang/defaults/main.yml")["sglang_mooncake_version"], MOONCAKE,
                  id="mooncake in the sglang role"),
     pytest.param(lambda: _spec_default("sglang", "sglang_mooncake_version"), MOONCAKE,

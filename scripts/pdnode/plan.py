@@ -29,6 +29,8 @@ ENGINES = ("sglang", "sim")
 TRANSFER_BACKENDS = ("mooncake", "mooncake_tcp", "nixl")
 IB_DEVICE_BACKENDS = ("mooncake", "nixl")
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")
+# Distribution -> its version variable (pdnode.router_launch starts either, docs/smg.md).
+ROUTER_PACKAGES = {"sglang-router": "pdnode_sglang_router_version", "smg": "pdnode_smg_version"}
 OWNED_ROUTER_ARGS = {
     "pd_disaggregation": "(always on)", "prefill": "pdnode_prefill_instances",
     "decode": "pdnode_decode_instances", "worker_urls": "pdnode_prefill_instances/pdnode_decode_instances", "host": "pdnode_router_host",
@@ -363,9 +365,22 @@ def _check_capacity(c: _Checker, v: dict[str, Any], engines: list[Instance], ski
 
 
 def _check_router(c: _Checker, v: dict[str, Any]) -> None:
+    package = v["pdnode_router_package"]
+    if package not in ROUTER_PACKAGES:
+        c.error("router-package-known", "pdnode_router_package", package, "is not a router package pdnode starts",
+                f"use one of {', '.join(ROUTER_PACKAGES)}")
+        package = "sglang-router"
+    prefills = v["pdnode_prefill_instances"] if isinstance(v["pdnode_prefill_instances"], list) else []
+    if package == "smg" and v["pdnode_router_policy"] == "cache_aware" and len(prefills) > 1:
+        # measured (docs/smg.md): smg 1.13 retries on the same dead prefill and charges the
+        # decode's breaker too; 2P1D answered 503 for 180 s, until its health checks dropped it
+        c.warn("router-smg-cache-aware", "pdnode_router_policy", "cache_aware",
+               "with smg 1.13 one dead prefill takes the node down until the router's health checks drop it "
+               "(180 s measured: retries stay on the dead prefill and open the decode's breaker)",
+               "use power_of_two or round_robin (0 failed requests measured), or sglang-router")
     if v["pdnode_router_policy"] is not None and v["pdnode_router_policy"] not in ROUTER_POLICIES:
         c.error("router-policy-known",
-                "pdnode_router_policy", v["pdnode_router_policy"], "not a PD routing policy of sglang-router 0.3.2",
+                "pdnode_router_policy", v["pdnode_router_policy"], "not a PD routing policy pdnode offers",
                 f"use one of {', '.join(ROUTER_POLICIES)}")
     router_extra = v["pdnode_router_extra_args"] if isinstance(v["pdnode_router_extra_args"], dict) else {}
     for key, value in router_extra.items():
@@ -378,7 +393,7 @@ def _check_router(c: _Checker, v: dict[str, Any]) -> None:
                     f"pdnode_router_extra_args.{key}", value, f"is set by the plan from {OWNED_ROUTER_ARGS[key]}",
                     "remove it from pdnode_router_extra_args")
         else:
-            values.check_router_arg(c.error, key, value)  # known name, type, choices, secrets
+            values.check_router_arg(c.error, key, value, package)  # known name, type, choices, secrets
     metrics_host = v["pdnode_router_metrics_host"]
     if isinstance(metrics_host, str) and not _is_loopback(metrics_host):
         c.warn("router-metrics-loopback",
@@ -429,7 +444,8 @@ def _release(v: dict[str, Any]) -> str:
     # Every version installed into the venv names it, the CUDA 13 Mooncake build too:
     # otherwise changing that version would install into the running release in place.
     return (f"sglang-{v['pdnode_sglang_version']}" if v["pdnode_engine"] == "sglang" else "sim") + (
-        f"-router-{v['pdnode_sglang_router_version']}-mooncake-{v['pdnode_mooncake_version']}"
+        (f"-router-{v['pdnode_sglang_router_version']}" if v["pdnode_router_package"] != "smg"
+         else f"-smg-{v['pdnode_smg_version']}") + f"-mooncake-{v['pdnode_mooncake_version']}"
         f"-cu13-{v['pdnode_mooncake_cuda13_version']}")
 
 
@@ -443,6 +459,9 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         "python": f"{venv}/bin/python",
         "api_key_path": f"{config_dir}/api-key",
         "admin_key_path": f"{config_dir}/router-admin-key",
+        # what the sglang role pip-installs for the router (sglang_router_requirement)
+        "router_package": v["pdnode_router_package"],
+        "router_requirement": f"{v['pdnode_router_package']}=={v[ROUTER_PACKAGES[v['pdnode_router_package']]]}",
     }
     env_common = {"HF_HUB_OFFLINE": "1", **{str(k): str(val) for k, val in v["pdnode_engine_environment"].items()}}
     if v["pdnode_engine"] == "sim":
@@ -517,6 +536,9 @@ def _router_service(v: dict[str, Any], services: dict[str, dict[str, Any]], inst
         "worker_startup_timeout_secs": v["pdnode_router_worker_startup_timeout_s"],
         "cb_timeout_duration_secs": v["pdnode_router_circuit_open_s"],
     }
+    if install["router_package"] == "smg":
+        # smg colours its log even into a pipe; journald would keep every line as a blob
+        router["log_json"] = True
     router.update(v["pdnode_router_extra_args"])
     cfg = install["config_dir"]
     url = f"http://{_url_host(str(router['host']))}:{router['port']}"
@@ -528,6 +550,7 @@ def _router_service(v: dict[str, Any], services: dict[str, dict[str, Any]], inst
         # The router's worker-management API needs the admin key, always (clients hold
         # only the API key, if any).
         "exec": [install["python"], "-m", "pdnode.router_launch", f"{cfg}/router.json",
+                 "--router-package", install["router_package"],
                  "--admin-key-file", install["admin_key_path"], *key],
         # /readiness turns 200 once a prefill and a decode are registered; gate there.
         "ready": [f"{url}/readiness"],

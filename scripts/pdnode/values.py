@@ -166,8 +166,8 @@ def check_settings(v: dict[str, Any], skip: set[str], error: Error) -> None:
         error("gpu-model-name",
               "pdnode_gpu_model", gpu, "must be a GPU name as nvidia-smi prints it: letters, digits, spaces and "
               ". _ ( ) / + -, at most 64 characters", "copy the name from `nvidia-smi --query-gpu=name --format=csv`")
-    for name in ("pdnode_sglang_version", "pdnode_sglang_router_version", "pdnode_mooncake_version",
-                 "pdnode_mooncake_cuda13_version"):
+    for name in ("pdnode_sglang_version", "pdnode_sglang_router_version", "pdnode_smg_version",
+                 "pdnode_mooncake_version", "pdnode_mooncake_cuda13_version"):
         value = s(name)
         if value is not None and not VERSION_RE.match(value):
             error("version-pattern",
@@ -250,9 +250,9 @@ def check_load_format(error: Error, value: Any) -> None:
                   "pdnode_model_load_format", value, problem, "use e.g. auto, safetensors or dummy")
 
 
-def check_router_arg(error: Error, key: Any, value: Any) -> None:
-    """One pdnode_router_extra_args entry the plan does not own."""
-    table = argtable.load(argtable.ROUTER_TABLE)
+def check_router_arg(error: Error, key: Any, value: Any, package: str = "sglang-router") -> None:
+    """One pdnode_router_extra_args entry the plan does not own, against PACKAGE's parser."""
+    table = argtable.load(argtable.ROUTER_TABLES[package])
     where = f"pdnode_router_extra_args.{key}"
     if not isinstance(key, str):
         error("router-arg-name",
@@ -270,8 +270,10 @@ def check_router_arg(error: Error, key: Any, value: Any) -> None:
         error("router-arg-dashes",
               where, value, "is spelled with dashes; the plan takes sglang-router's underscored names", hint)
     elif key not in table:
-        error("router-arg-unknown", where, value, "is not an argument of sglang-router 0.3.2",
-              "use a name from `python -m sglang_router.launch_router --help` with underscores")
+        error("router-arg-unknown", where, value,
+              f"is not an argument of {argtable.load_source(argtable.ROUTER_TABLES[package])}",
+              "use a name from `" + ("smg launch" if package == "smg" else "python -m sglang_router.launch_router")
+              + " --help` with underscores")
     else:
         problem = argtable.value_problem(table[key], value)
         if problem:
