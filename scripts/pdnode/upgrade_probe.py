@@ -1,0 +1,130 @@
+"""The upgrade's availability probe: one completion through the router every ~100 ms.
+
+Stdlib only, Python >= 3.9, no import of the rest of pdnode: playbooks/upgrade.yml copies
+this file to the host (root-only) and runs it with the host's python3 as a transient
+systemd unit, so it outlives the Ansible tasks between the start and the stop of the
+upgrade and does not depend on either release's virtualenv.
+
+    python3 upgrade_probe.py --url URL --model NAME --out FILE [--key-file F] [--interval 0.1]
+
+The API key is read from --key-file (never from argv). SIGTERM (systemctl stop) ends the
+loop; the result is written to FILE all-or-nothing as one JSON object:
+requests, ok, failed, codes, longest_gap_s (the longest time without a 200, the probe's
+start and stop counting as edges), the first failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+
+SCHEMA = "pdnode.upgrade-probe/1"
+MAX_SAMPLES = 10
+
+
+class Tally:
+    """Requests as they end, in time order; what the report says about them."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.requests = 0
+        self.ok = 0
+        self.codes: dict[str, int] = {}
+        self.samples: list[dict] = []
+        self._last_ok = started
+        self._gap = (0.0, started)  # (length, start) of the longest stretch without a 200
+
+    def record(self, ended: float, code: int, error: str = "") -> None:
+        self.requests += 1
+        self.codes[str(code)] = self.codes.get(str(code), 0) + 1
+        if code == 200:
+            self.ok += 1
+            self._close_gap(ended)
+            self._last_ok = ended
+        elif len(self.samples) < MAX_SAMPLES:
+            self.samples.append({"t_s": round(ended - self.started, 3), "code": code, "error": error[:200]})
+
+    def _close_gap(self, now: float) -> None:
+        if now - self._last_ok > self._gap[0]:
+            self._gap = (now - self._last_ok, self._last_ok)
+
+    def result(self, stopped: float) -> dict:
+        self._close_gap(stopped)
+        return {
+            "schema": SCHEMA, "duration_s": round(stopped - self.started, 3), "requests": self.requests,
+            "ok": self.ok, "failed": self.requests - self.ok, "codes": dict(sorted(self.codes.items())),
+            "longest_gap_s": round(self._gap[0], 3), "longest_gap_at_s": round(self._gap[1] - self.started, 3),
+            "first_failures": self.samples,
+        }
+
+
+def one_request(url: str, model: str, key: str, timeout: float) -> tuple[int, str]:
+    body = json.dumps({"model": model, "prompt": "upgrade probe", "max_tokens": 1, "temperature": 0}).encode()
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer " + key
+    req = urllib.request.Request(url.rstrip("/") + "/v1/completions", body, headers)  # noqa: S310 - http(s) only
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - main() allows http(s) only
+            resp.read()
+            return resp.status, ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, str(exc.reason)
+    except Exception as exc:  # connection refused/reset, timeout: the node did not answer
+        return 0, f"{type(exc).__name__}: {exc}"
+
+
+def write_atomic(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", required=True, help="the router's base URL")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True, help="where the result goes (written on stop)")
+    ap.add_argument("--key-file", default="", help="file holding the API key (empty: no key)")
+    ap.add_argument("--interval", type=float, default=0.1, help="seconds between request starts")
+    ap.add_argument("--timeout", type=float, default=10.0, help="seconds one request may take")
+    ap.add_argument("--max-seconds", type=float, default=3600.0, help="stop by itself after this long")
+    args = ap.parse_args(argv)
+    if not args.url.startswith(("http://", "https://")):
+        print(f"--url {args.url!r}: must start with http:// or https://", file=sys.stderr)
+        return 1
+    key = ""
+    if args.key_file:
+        try:
+            with open(args.key_file, encoding="utf-8") as fh:
+                key = fh.read().strip()
+        except OSError as exc:
+            print(f"--key-file {args.key_file!r}: {exc.strerror}; fix: give the node's API key file", file=sys.stderr)
+            return 1
+    stop = [False]
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
+    signal.signal(signal.SIGINT, lambda *_: stop.__setitem__(0, True))
+    tally = Tally(time.monotonic())
+    deadline = tally.started + args.max_seconds
+    while not stop[0] and time.monotonic() < deadline:
+        began = time.monotonic()
+        code, error = one_request(args.url, args.model, key, args.timeout)
+        tally.record(time.monotonic(), code, error)
+        pause = args.interval - (time.monotonic() - began)
+        if pause > 0 and not stop[0]:
+            time.sleep(pause)
+    write_atomic(args.out, tally.result(time.monotonic()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
