@@ -42,6 +42,17 @@ def test_tally_longest_gap_spans_failures_between_two_successes():
     assert r["longest_gap_s"] == pytest.approx(1.3)  # 100.2 -> 101.5
     assert r["longest_gap_at_s"] == pytest.approx(0.2)
     assert [f["code"] for f in r["first_failures"]] == [0, 502]
+    assert r["outages"] == [{"at_s": 0.2, "at": 0.2, "length_s": 1.3, "failed": 2}]
+
+
+def test_tally_lists_each_outage_with_its_wall_clock_time():
+    t = upgrade_probe.Tally(10.0, wall=1000.0)
+    for when, code in ((10.1, 200), (10.2, 503), (12.1, 200), (12.2, 200), (12.7, 200), (15.0, 200)):
+        t.record(when, code)
+    r = t.result(15.1)
+    assert r["started_at"] == 1000.0
+    assert r["outages"] == [{"at_s": 0.1, "at": 1000.1, "length_s": 2.0, "failed": 1},
+                            {"at_s": 2.7, "at": 1002.7, "length_s": 2.3, "failed": 0}]
 
 
 def test_tally_outage_until_the_stop_counts():
@@ -168,6 +179,16 @@ def test_interrupted_upgrade_rerun_starts_from_the_last_verified_release():
     record = upgrade.decide(None, OLD_VENV, NEW)["record"]
     d = upgrade.decide(record, NEW_VENV, NEW)
     assert d["from"] == OLD and d["to"] == NEW
+
+
+def test_a_deploy_since_the_last_upgrade_is_where_the_next_one_starts():
+    # The record says OLD serves, but a playbooks/deploy.yml run switched the units to a
+    # third release: that one serves, OLD becomes the one before it.
+    record = upgrade.finish(upgrade.decide(None, OLD_VENV, NEW)["record"], OLD, NEW, "rolled_back")
+    third = "/opt/sglang-pd/venvs/sim-router-0.3.2-mooncake-0.3.13.post1-cu13-0.3.15"
+    d = upgrade.decide(record, third, NEW)
+    assert d["from"]["venv"] == third and d["from"]["versions"]["pdnode_mooncake_cuda13_version"] == "0.3.15"
+    assert d["record"]["previous"] == OLD
 
 
 def test_finish_records_the_outcome():

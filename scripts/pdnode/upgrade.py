@@ -71,15 +71,21 @@ def _check_release(rel: Any, what: str) -> dict[str, Any]:
 def decide(record: dict[str, Any] | None, unit_venv: str, target: dict[str, Any]) -> dict[str, Any]:
     """From (the release that serves, verified) and to; the record to write before switching."""
     to = _check_release(target, "target")
+    m = _EXEC_VENV_RE.search(unit_venv)
+    running = m[1] if m else (unit_venv.rstrip("/") if unit_venv.startswith("/") else "")
     if record:
         if record.get("schema") != RECORD_SCHEMA:
             raise UpgradeError(f"release record schema {record.get('schema')!r}: expected {RECORD_SCHEMA!r}; "
                                "fix: move the file away and re-run (the units then name the serving release)")
         frm = _check_release(record.get("serving"), "record.serving")
         previous = record.get("previous")
-    elif _EXEC_VENV_RE.search(unit_venv) or unit_venv.startswith("/"):
-        m = _EXEC_VENV_RE.search(unit_venv)
-        frm, previous = release_of_venv(m[1] if m else unit_venv, to), None
+        pending = record.get("switching_to") or {}
+        # The units name neither the recorded release nor an interrupted switch's target:
+        # a deploy (playbooks/deploy.yml) changed the release since; what runs is the start.
+        if running and running not in (frm["venv"], pending.get("venv")):
+            frm, previous = release_of_venv(running, to), frm
+    elif running:
+        frm, previous = release_of_venv(running, to), None
     else:
         raise UpgradeError("no release serves on this host (no record, no router unit); "
                            "fix: deploy it with playbooks/deploy.yml first")
@@ -136,7 +142,8 @@ def build_report(doc: dict[str, Any]) -> dict[str, Any]:
         "from_venv": doc.get("from", {}).get("venv"), "to_venv": doc.get("to", {}).get("venv"),
         "steps": steps, "verify": verify,
         "probe": {"requests": probe.get("requests"), "failed": probe.get("failed"), "codes": probe.get("codes"),
-                  "longest_gap_s": probe.get("longest_gap_s"), "first_failures": probe.get("first_failures", [])}
+                  "longest_gap_s": probe.get("longest_gap_s"), "started_at": probe.get("started_at"),
+                  "outages": probe.get("outages", []), "first_failures": probe.get("first_failures", [])}
         if probe else None,
         "failed_requests": probe.get("failed") if probe else None,
         "longest_outage_s": probe.get("longest_gap_s") if probe else None,

@@ -10,7 +10,8 @@ upgrade and does not depend on either release's virtualenv.
 The API key is read from --key-file (never from argv). SIGTERM (systemctl stop) ends the
 loop; the result is written to FILE all-or-nothing as one JSON object:
 requests, ok, failed, codes, longest_gap_s (the longest time without a 200, the probe's
-start and stop counting as edges), the first failures.
+start and stop counting as edges), each outage (a stretch without a 200 of 1 s or more:
+when, how long, how many requests failed in it), the first failures.
 """
 
 from __future__ import annotations
@@ -26,13 +27,19 @@ import urllib.request
 
 SCHEMA = "pdnode.upgrade-probe/1"
 MAX_SAMPLES = 10
+MAX_OUTAGES = 20
+# A stretch without a 200 this long is listed as an outage (normal spacing is ~0.1 s).
+OUTAGE_MIN_S = 1.0
 
 
 class Tally:
     """Requests as they end, in time order; what the report says about them."""
 
-    def __init__(self, started: float) -> None:
+    def __init__(self, started: float, wall: float = 0.0) -> None:
         self.started = started
+        self.wall = wall  # epoch seconds at `started`: places outages beside the upgrade's steps
+        self.outages: list[dict] = []
+        self._failed_since_ok = 0
         self.requests = 0
         self.ok = 0
         self.codes: dict[str, int] = {}
@@ -47,10 +54,17 @@ class Tally:
             self.ok += 1
             self._close_gap(ended)
             self._last_ok = ended
-        elif len(self.samples) < MAX_SAMPLES:
+            self._failed_since_ok = 0
+            return
+        self._failed_since_ok += 1
+        if len(self.samples) < MAX_SAMPLES:
             self.samples.append({"t_s": round(ended - self.started, 3), "code": code, "error": error[:200]})
 
     def _close_gap(self, now: float) -> None:
+        if now - self._last_ok >= OUTAGE_MIN_S and len(self.outages) < MAX_OUTAGES:
+            self.outages.append({"at_s": round(self._last_ok - self.started, 3),
+                                 "at": round(self.wall + self._last_ok - self.started, 3),
+                                 "length_s": round(now - self._last_ok, 3), "failed": self._failed_since_ok})
         if now - self._last_ok > self._gap[0]:
             self._gap = (now - self._last_ok, self._last_ok)
 
@@ -60,7 +74,7 @@ class Tally:
             "schema": SCHEMA, "duration_s": round(stopped - self.started, 3), "requests": self.requests,
             "ok": self.ok, "failed": self.requests - self.ok, "codes": dict(sorted(self.codes.items())),
             "longest_gap_s": round(self._gap[0], 3), "longest_gap_at_s": round(self._gap[1] - self.started, 3),
-            "first_failures": self.samples,
+            "started_at": round(self.wall, 3), "outages": self.outages, "first_failures": self.samples,
         }
 
 
@@ -113,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = [False]
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
     signal.signal(signal.SIGINT, lambda *_: stop.__setitem__(0, True))
-    tally = Tally(time.monotonic())
+    tally = Tally(time.monotonic(), time.time())
     deadline = tally.started + args.max_seconds
     while not stop[0] and time.monotonic() < deadline:
         began = time.monotonic()

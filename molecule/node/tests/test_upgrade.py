@@ -1,0 +1,142 @@
+"""playbooks/upgrade.yml on the scenario's node, from the controller, with real packages
+from the wheelhouse: sglang-router 0.3.2 -> smg 1.13.0 (upgraded), then a bad release
+that fails verification and rolls back by itself (the node serving smg after). Ends on
+the scenario's own description (playbooks/deploy.yml), as converge left it.
+
+The bad release: the stand-in has no broken versions to install, so the bad release is a
+real new release directory -- its versions differ (the Mooncake CUDA 13 pin, which the
+stand-in does not install, so its packages are the serving release's) -- whose installed
+software is defective: a .pth file in its site-packages switches on the stand-in's
+wrong_output fault. The defect lives in the release, not in the inventory, so going
+back to the previous versions removes it, as a rollback must.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "instance")
+PREFIX = "sglang-pd"
+VENVS = "/opt/sglang-pd/venvs"
+UNITS = [f"{PREFIX}-prefill-0.service", f"{PREFIX}-decode-0.service", f"{PREFIX}-router.service"]
+REPORT = REPO / ".cache" / "upgrade" / f"{CONTAINER}.json"
+RECORD = f"/var/lib/pdnode/releases/{PREFIX}.json"
+# A completion through the router, the key read from the node's key file (not argv).
+COMPLETION = r"""
+import json, urllib.request
+key = open("/etc/sglang-pd/api-key").read().strip()
+body = json.dumps({"model": "demo-moe", "max_tokens": 8, "temperature": 0, "messages": [
+    {"role": "user", "content": "What is the capital of France? Answer in one word."}]}).encode()
+req = urllib.request.Request("http://127.0.0.1:8000/v1/chat/completions", body,
+                             {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+with urllib.request.urlopen(req, timeout=30) as resp:
+    print(resp.status, json.loads(resp.read())["choices"][0]["message"]["content"])
+"""
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
+    env["PATH"] = f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}"
+    env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
+    return env
+
+
+def playbook(inventory: Path, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / name)], cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=1200)
+
+
+def release(router: str, cu13: str) -> str:
+    from pdnode.fields import BY_NAME
+
+    mooncake = BY_NAME["pdnode_mooncake_version"].default
+    part = f"router-{BY_NAME['pdnode_sglang_router_version'].default}" if router == "sglang-router" \
+        else f"smg-{BY_NAME['pdnode_smg_version'].default}"
+    return f"{VENVS}/sim-{part}-mooncake-{mooncake}-cu13-{cu13}"
+
+
+def exec_python(host, unit: str) -> str:
+    out = host.check_output(f"systemctl show -p ExecStart --value {unit}")
+    return out.split("path=", 1)[1].split(" ", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def versions(inventory, tmp_path_factory):
+    """An inventory per release: the scenario's host_vars with other versions."""
+    from pdnode.fields import BY_NAME
+
+    base = yaml.safe_load((inventory / "host_vars" / f"{CONTAINER}.yml").read_text()) or {}
+    cu13 = BY_NAME["pdnode_mooncake_cuda13_version"].default
+    out = {}
+    for name, over in {"smg": {"pdnode_router_package": "smg"},
+                       "bad": {"pdnode_router_package": "smg", "pdnode_mooncake_cuda13_version": cu13 + ".post1"}}.items():
+        inv = tmp_path_factory.mktemp(f"inv-{name}")
+        (inv / "host_vars").mkdir()
+        (inv / "group_vars").symlink_to(REPO / "inventories" / "demo" / "group_vars")
+        (inv / "hosts.yml").write_text((inventory / "hosts.yml").read_text())
+        (inv / "host_vars" / f"{CONTAINER}.yml").write_text(json.dumps({**base, **over}))
+        out[name] = inv
+    out["cu13"] = cu13
+    yield out
+    back = playbook(inventory, "deploy.yml")
+    assert back.returncode == 0, back.stdout[-4000:] + back.stderr[-2000:]
+
+
+def test_upgrade_sglang_router_to_smg(host, versions):
+    old, new = release("sglang-router", versions["cu13"]), release("smg", versions["cu13"])
+    assert exec_python(host, f"{PREFIX}-router.service") == f"{old}/bin/python"
+    t0 = time.monotonic()
+    proc = playbook(versions["smg"], "upgrade.yml")
+    print(f"upgrade 0.3.2 -> smg: {time.monotonic() - t0:.1f} s")
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    report = json.loads(REPORT.read_text())
+    print(json.dumps({k: report[k] for k in ("steps", "failed_requests", "longest_outage_s")}))
+    assert report["schema"] == "pdnode.upgrade/1" and report["outcome"] == "upgraded"
+    assert report["from"]["pdnode_router_package"] == "sglang-router" and report["to"]["pdnode_router_package"] == "smg"
+    assert report["verify"]["verify"] == {"passed": True, "failed_checks": []}
+    assert report["probe"]["requests"] > 0 and report["longest_outage_s"] is not None
+    for unit in UNITS:
+        assert exec_python(host, unit) == f"{new}/bin/python", unit
+    pid = host.check_output(f"systemctl show -p MainPID --value {PREFIX}-router.service")
+    assert "smg" in host.file(f"/proc/{pid}/cmdline").content_string
+    record = host.file(RECORD)
+    assert (record.user, record.mode) == ("root", 0o600)
+    doc = json.loads(host.check_output(f"cat {RECORD}"))
+    assert (doc["serving"]["venv"], doc["previous"]["venv"], doc["switching_to"]) == (new, old, None)
+
+
+def test_bad_release_rolls_back_by_itself(host, versions):
+    good, bad = release("smg", versions["cu13"]), release("smg", versions["cu13"] + ".post1")
+    # The defective release: the serving release's packages, plus the defect.
+    host.run_expect([0], f"rm -rf {bad} && cp -a {good} {bad}")
+    host.run_expect([0], f"echo 'import os; os.environ.setdefault(\"PDNODE_SIM_FAULTS\", \"wrong_output\")' "
+                         f"> {bad}/lib/python3.11/site-packages/zz-pdnode-fault.pth")
+    t0 = time.monotonic()
+    proc = playbook(versions["bad"], "upgrade.yml")
+    print(f"upgrade to the bad release and back: {time.monotonic() - t0:.1f} s")
+    # A failed host (2): the node serves, but the upgrade failed.
+    assert proc.returncode == 2, proc.stdout[-5000:] + proc.stderr[-2000:]
+    assert "upgrade failed and was rolled back" in proc.stdout
+    report = json.loads(REPORT.read_text())
+    print(json.dumps({k: report[k] for k in ("steps", "failed_requests", "longest_outage_s", "rollback_s")}))
+    assert report["outcome"] == "rolled_back"
+    assert report["verify"]["verify"]["passed"] is False
+    assert "correctness" in report["verify"]["verify"]["failed_checks"]
+    assert report["verify"]["reverify"] == {"passed": True, "failed_checks": []}
+    assert [s["name"] for s in report["steps"]] == ["build", "switch", "verify", "rollback", "reverify"]
+    assert report["rollback_s"] > 0
+    for unit in UNITS:
+        assert exec_python(host, unit) == f"{good}/bin/python", unit
+        assert host.service(unit).is_running, unit
+    status, text = host.check_output(f"python3 -c '{COMPLETION}'").split(" ", 1)
+    assert status == "200" and "Paris" in text
+    doc = json.loads(host.check_output(f"cat {RECORD}"))
+    assert (doc["serving"]["venv"], doc["failed"]["venv"], doc["switching_to"]) == (good, bad, None)
