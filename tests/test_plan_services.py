@@ -112,3 +112,17 @@ def test_every_instance_is_a_service_of_its_own(demo_vars):
     assert s["router"]["args"]["decode"] == ["http://127.0.0.1:30001", "http://127.0.0.1:30011"]
     assert s["prefill-b"]["ready"][1].startswith("http://127.0.0.1:8999/route?")
     assert "bootstrap_port" not in s["decode-1"]
+
+
+def test_restart_coupling_follows_the_number_of_prefills(demo_vars):
+    one = _plan(demo_vars)["services"]
+    assert one["decode-0"]["bound_to"] == one["prefill-0"]["unit"]
+    assert one["prefill-0"]["upholds"] == [one["decode-0"]["unit"]] and one["prefill-0"]["restart_delay_s"] is None
+    two = _plan(demo_vars, pdnode_prefill_instances=[{"gpus": [0, 1]}, {"gpus": [2, 3]}])["services"]
+    assert two["decode-0"]["bound_to"] is None and two["prefill-0"]["upholds"] == []
+    # a prefill stays down until every decode's heartbeats dropped it: 5 s x (2 + 1)
+    assert two["prefill-0"]["restart_delay_s"] == two["prefill-1"]["restart_delay_s"] == 15
+    slow = _plan(demo_vars, pdnode_prefill_instances=[{"gpus": [0, 1]}, {"gpus": [2, 3]}],
+                 pdnode_engine_environment={"SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "7",
+                                            "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "3"})["services"]
+    assert slow["prefill-1"]["restart_delay_s"] == 28

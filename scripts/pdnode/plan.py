@@ -498,28 +498,48 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         svc["exec"] = [install["python"], "-m", "pdnode.launcher", "--engine", install["engine"],
                        "--watchdog-url", ready[0], svc["config"], *key]
         services[inst.id] = svc
-    _couple(services, prefix)
+    _couple(services, env_common)
     services["router"] = _router_service(v, services, install, key)
     return Plan(host=host, install=install, services=services, ports=ports, settings=_settings(v, engines),
                 warnings=warnings)
 
 
-def _couple(services: dict[str, dict[str, Any]], prefix: str) -> None:
+def _couple(services: dict[str, dict[str, Any]], environment: dict[str, str]) -> None:
     """Which engine units go down and up together (docs/decisions.md, "Restart coupling").
 
     With one prefill, the node cannot serve while it is down, so its decodes go down and
     come back with it (a clean pairing costs no availability). With several prefills a
     decode is bound to none: a dead prefill must not take the decodes (and with them
-    the other prefills' traffic) down; the decode drops the dead prefill's state after
-    its heartbeats fail and registers again when it returns."""
+    the other prefills' traffic) down. But a decode keeps a prefill's bootstrap and rank
+    state until its heartbeats to that prefill fail; a prefill back sooner than that
+    meets a decode holding its old ranks, and every hand-off between them fails (measured
+    on the demo node). So with several prefills a prefill stays down, after a crash or
+    for a planned restart, until every decode has dropped it: ``restart_delay_s``."""
     prefills = [s for s in services.values() if s["role"] == "prefill"]
     decodes = [s for s in services.values() if s["role"] == "decode"]
     for s in services.values():
-        s["bound_to"], s["upholds"] = None, []
+        s["bound_to"], s["upholds"], s["restart_delay_s"] = None, [], None
     if len(prefills) == 1:
         prefills[0]["upholds"] = [d["unit"] for d in decodes]
         for d in decodes:
             d["bound_to"] = prefills[0]["unit"]
+        return
+    for p in prefills:
+        p["restart_delay_s"] = heartbeat_detection_s(environment)
+
+
+def heartbeat_detection_s(environment: dict[str, str]) -> int:
+    """Seconds after which every decode has dropped a dead prefill: SGLang's heartbeat
+    interval (SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL, default 5 s, at least 2) times one
+    more than the failures it needs (..._HEARTBEAT_MAX_FAILURE, default 2, at least 1)."""
+    def number(name: str, default: float, floor: float) -> float:
+        try:
+            return max(floor, float(environment.get(name, default)))
+        except ValueError:
+            return default
+    interval = number("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0, 2.0)
+    failures = number("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2.0, 1.0)
+    return int(-(-interval * (int(failures) + 1) // 1))
 
 
 def _router_service(v: dict[str, Any], services: dict[str, dict[str, Any]], install: dict[str, str],
