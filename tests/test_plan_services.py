@@ -126,3 +126,14 @@ def test_restart_coupling_follows_the_number_of_prefills(demo_vars):
                  pdnode_engine_environment={"SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "7",
                                             "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "3"})["services"]
     assert slow["prefill-1"]["restart_delay_s"] == 28
+
+
+@pytest.mark.parametrize("prefills", [[{"gpus": [0, 1, 2, 3]}], [{"gpus": [0, 1]}, {"gpus": [2, 3]}]])
+def test_every_service_has_every_key_the_templates_read(demo_vars, prefills):
+    """The role's templates loop over all services: a key missing on one (the router) is
+    an Ansible error at deploy time, not at plan time."""
+    services = _plan(demo_vars, pdnode_prefill_instances=prefills)["services"]
+    keys = {"id", "role", "name", "unit", "exec", "ready", "config", "env_file", "args", "environment", "gpus",
+            "url", "bound_to", "upholds", "restart_delay_s"}
+    for sid, svc in services.items():
+        assert keys <= set(svc), (sid, keys - set(svc))

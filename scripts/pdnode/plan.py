@@ -574,7 +574,7 @@ def _router_service(v: dict[str, Any], services: dict[str, dict[str, Any]], inst
                  "--admin-key-file", install["admin_key_path"], *key],
         # /readiness turns 200 once a prefill and a decode are registered; gate there.
         "ready": [f"{url}/readiness"],
-        "bound_to": None, "upholds": [],
+        "bound_to": None, "upholds": [], "restart_delay_s": None,
     }
 
 
