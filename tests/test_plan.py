@@ -19,11 +19,6 @@ from pdnode.plan import PlanError, build_plan
 GPU01 = ROOT / "inventories" / "gpu01"
 
 
-@pytest.fixture(scope="module")
-def gpu01_vars():
-    return variables("gpu01")
-
-
 CASES = [
     pytest.param(
         {'decode[0]': {'tp_size': 1, 'ep_size': 1}},

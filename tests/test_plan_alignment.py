@@ -10,21 +10,9 @@ one-instance variables in tests/test_fields.py.
 from __future__ import annotations
 
 import pytest
-from planvars import changed, layout, variables
+from planvars import changed, layout
 
 from pdnode.plan import PlanError, build_plan
-
-
-@pytest.fixture(scope="module")
-def gpu01_vars():
-    return variables("gpu01")
-
-
-@pytest.fixture(scope="module")
-def host16():
-    """16 GPUs (no RDMA mapping): an 8-GPU instance beside a decode."""
-    return changed(variables("gpu01"), {"pdnode_gpu_count": 16, "pdnode_transfer_backend": "mooncake_tcp",
-                                        "pdnode_ib_devices": None})
 
 
 def _problems(v):

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from planvars import changed, variables
+from planvars import changed
 
 from pdnode import argtable
 from pdnode.plan import PlanError, build_plan
@@ -23,11 +23,6 @@ from pdnode.plan import PlanError, build_plan
 ROOT = Path(__file__).resolve().parents[1]
 GPU01 = ROOT / "inventories" / "gpu01"
 INJECT = "8M\nExecStartPre=+/bin/touch /run/pwned"
-
-
-@pytest.fixture(scope="module")
-def gpu01_vars():
-    return variables("gpu01")
 
 
 def _problems(base, changes):

@@ -103,18 +103,6 @@ def test_expectations_take_the_plans_unit_names():
 
 # --- allocation (pdnode.ports) -------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def gpu01_vars():
-    return variables("gpu01")
-
-
-@pytest.fixture(scope="module")
-def host16():
-    """A 16-GPU host without RDMA mapping: room for 4 prefills and 4 decodes of 2 GPUs."""
-    return changed(variables("gpu01"), {"pdnode_gpu_count": 16, "pdnode_transfer_backend": "mooncake_tcp",
-                                        "pdnode_ib_devices": None})
-
-
 def _instances(count, first_gpu, gpus_each, attn_dp):
     return [{"gpus": list(range(first_gpu + i * gpus_each, first_gpu + (i + 1) * gpus_each)),
              **({"attn_dp_size": attn_dp} if attn_dp > 1 else {})} for i in range(count)]

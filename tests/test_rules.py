@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import test_plan
 import test_plan_hostile
-from planvars import ROOT, changed, variables
+from planvars import ROOT, changed
 
 from pdnode import cli
 from pdnode.plan import PlanError, build_plan
@@ -124,11 +124,6 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "capacity-gpus-for-all": ({"pdnode_model_weights_gb": 671}, {"capacity-weights-fit"}),
     "capacity-gpu-known": ({"pdnode_gpu_model": "NVIDIA H100 PCIe"}, set()),
 }
-
-
-@pytest.fixture(scope="module")
-def gpu01_vars():
-    return variables("gpu01")
 
 
 def _reported(variables_: dict) -> tuple[list, list]:

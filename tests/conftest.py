@@ -1,0 +1,19 @@
+"""Fixtures shared by the plan tests at this level: inventory variables to change per test."""
+
+from __future__ import annotations
+
+import pytest
+from planvars import changed, variables
+
+
+@pytest.fixture(scope="module")
+def gpu01_vars():
+    return variables("gpu01")
+
+
+@pytest.fixture(scope="module")
+def host16():
+    """A 16-GPU host without RDMA mapping: room for an 8-GPU instance beside a decode, or for
+    4 prefills and 4 decodes of 2 GPUs."""
+    return changed(variables("gpu01"), {"pdnode_gpu_count": 16, "pdnode_transfer_backend": "mooncake_tcp",
+                                        "pdnode_ib_devices": None})
