@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,23 +20,10 @@ import yaml
 from pdnode import monitoring
 from pdnode.inventory import load_inventory
 from pdnode.plan import build_plan
+from promplans import ROOT, plan_of, promtool
 
-ROOT = Path(__file__).resolve().parents[2]
 INVENTORIES = ["demo", "gpu01"]
 RUNBOOK = ROOT / "docs" / "runbooks" / "alerts.md"
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail("promtool not found: it comes with Debian's `prometheus` package, listed in "
-                    "scripts/lib/system-packages; run scripts/setup")
-    return path
-
-
-def plan_of(name: str) -> dict[str, Any]:
-    hv = load_inventory(ROOT / "inventories" / name)
-    return build_plan(hv.variables, hv.host).as_dict()
 
 
 def rules_of(plan: dict[str, Any]) -> dict[str, Any]:

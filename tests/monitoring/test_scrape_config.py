@@ -11,32 +11,15 @@ from __future__ import annotations
 import copy
 import json
 import re
-import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pdnode import monitoring
-from pdnode.inventory import load_inventory
-from pdnode.plan import build_plan
+from promplans import ROOT, plan_of, promtool
 
-ROOT = Path(__file__).resolve().parents[2]
 INVENTORIES = ["demo", "gpu01", "gpu01-2p1d", "gpu01-1p2d"]
 DASHBOARD = ROOT / "templates" / "grafana" / "pdnode-dashboard.json"
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail("promtool not found: it comes with Debian's `prometheus` package, listed in "
-                    "scripts/lib/system-packages; run scripts/setup")
-    return path
-
-
-def plan_of(name: str) -> dict[str, Any]:
-    hv = load_inventory(ROOT / "inventories" / name)
-    return build_plan(hv.variables, hv.host).as_dict()
 
 
 def jobs_of(config: dict[str, Any]) -> dict[str, dict[str, Any]]:

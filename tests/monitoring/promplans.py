@@ -1,0 +1,26 @@
+"""What both monitoring tests start from: the plan of a repository inventory, and promtool."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pdnode.inventory import load_inventory
+from pdnode.plan import build_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool not found: it comes with Debian's `prometheus` package, listed in "
+                    "scripts/lib/system-packages; run scripts/setup")
+    return path
+
+
+def plan_of(name: str) -> dict[str, Any]:
+    hv = load_inventory(ROOT / "inventories" / name)
+    return build_plan(hv.variables, hv.host).as_dict()
