@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .node import MODEL_CONFIG, REPO, NodeError, _status, _stop, free_ports
+from .node import MODEL_CONFIG, REPO, NodeError, _status, _stop, _wait, free_ports
 
 from pdnode.plan import build_plan
 
@@ -58,21 +58,6 @@ class LayoutNode:
                                      "dp_size": a.get("dp_size", 1), "attn_dp_size": a.get("attn_dp_size", 1),
                                      "ep_size": a.get("ep_size", 1)})
         return out
-
-
-def _wait(node: LayoutNode, what: str, check, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for name, proc in node.procs.items():
-            if proc.poll() is not None:
-                raise NodeError(f"{name} exited with {proc.returncode} while waiting for {what}\n{node.logs_tail()}")
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise NodeError(f"timed out after {timeout:.0f}s waiting for {what}\n{node.logs_tail()}")
 
 
 @contextlib.contextmanager
@@ -126,8 +111,8 @@ def layout_node(directory: Path, variables: Mapping[str, Any], env: Mapping[str,
                          "--policy", policy, "--worker-startup-check-interval", "1",
                          "--shutdown-grace-period-secs", "1"], {"HF_HUB_OFFLINE": "1", "NO_COLOR": "1"})
         for sid, eng in engines.items():
-            _wait(node, f"{sid} /health", lambda u=eng["url"]: _status(u + "/health") == 200, startup_timeout)
-        _wait(node, "router /readiness", lambda: _status(node.router_url + "/readiness") == 200, startup_timeout)
+            _wait(f"{sid} /health", lambda u=eng["url"]: _status(u + "/health") == 200, startup_timeout, node)
+        _wait("router /readiness", lambda: _status(node.router_url + "/readiness") == 200, startup_timeout, node)
         yield node
 
 

@@ -214,12 +214,13 @@ class StandinNode:
         return "\n".join(out)
 
 
-def _wait(what: str, check, timeout: float, node: StandinNode) -> None:
+def _wait(what: str, check, timeout: float, node: Any) -> None:
+    """Poll check() until true; NODE (a StandinNode or a LayoutNode): its procs and logs_tail()."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for role, proc in node.procs.items():
+        for name, proc in node.procs.items():
             if proc.poll() is not None:
-                raise NodeError(f"{role} exited with {proc.returncode} while waiting for {what}\n{node.logs_tail()}")
+                raise NodeError(f"{name} exited with {proc.returncode} while waiting for {what}\n{node.logs_tail()}")
         try:
             if check():
                 return
