@@ -81,8 +81,8 @@ def _host_inline_vars(node: Any, host: str) -> dict[str, Any]:
     return out
 
 
-def load_inventory(path: str | Path, host: str | None = None) -> HostVars:
-    """Return the merged variables of ``host`` (or of the only host) in an inventory."""
+def _hosts(path: str | Path) -> tuple[Path, Path, dict[str, Any], dict[str, set[str]]]:
+    """The inventory's directory, its hosts.yml, that file's tree and {host: its groups}."""
     root = Path(path)
     if root.is_file():
         root = root.parent
@@ -96,6 +96,17 @@ def load_inventory(path: str | Path, host: str | None = None) -> HostVars:
     _walk_groups("all", tree["all"], (), membership)
     if not membership:
         raise InventoryError(f"{hosts_file}: no hosts defined")
+    return root, hosts_file, tree, membership
+
+
+def inventory_hosts(path: str | Path) -> list[str]:
+    """Every host of the inventory's hosts.yml, sorted (load_inventory reads one)."""
+    return sorted(_hosts(path)[3])
+
+
+def load_inventory(path: str | Path, host: str | None = None) -> HostVars:
+    """Return the merged variables of ``host`` (or of the only host) in an inventory."""
+    root, hosts_file, tree, membership = _hosts(path)
     if host is None:
         if len(membership) > 1:
             names = ", ".join(sorted(membership))

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from . import monitoring
-from .inventory import InventoryError, _read_yaml, _walk_groups, load_inventory
+from .inventory import InventoryError, inventory_hosts, load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "templates" / "runbooks"
@@ -225,24 +225,6 @@ def render_runbooks(plan: dict[str, Any], inventory: str = "INVENTORY", address:
 
 
 # --- `pdnode runbooks INVENTORY` ---------------------------------------------------------------
-def inventory_hosts(path: str | Path) -> list[str]:
-    """Every host of the inventory's hosts.yml, sorted (load_inventory reads one)."""
-    root = Path(path)
-    if root.is_file():
-        root = root.parent
-    hosts_file = next((root / n for n in ("hosts.yml", "hosts.yaml") if (root / n).is_file()), None)
-    if hosts_file is None:
-        raise InventoryError(f"{path}: not an inventory directory (expected {root}/hosts.yml)")
-    tree = _read_yaml(hosts_file) or {}
-    if not isinstance(tree, dict) or "all" not in tree:
-        raise InventoryError(f"{hosts_file}: expected a top-level 'all:' group")
-    found: dict[str, set[str]] = {}
-    _walk_groups("all", tree["all"], (), found)
-    if not found:
-        raise InventoryError(f"{hosts_file}: no hosts defined")
-    return sorted(found)
-
-
 def _render_host(inventory: str, host: str) -> dict[str, str]:
     from .plan import PlanError, build_plan
 
