@@ -26,6 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .verify.cli import read_plan
 from .verify.http import request
 from .verify.metrics import MetricsParseError, parse
 
@@ -75,11 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per engine")
     args = p.parse_args(argv)
     try:
-        if args.plan == "-":
-            plan = json.load(sys.stdin)
-        else:
-            with open(args.plan, encoding="utf-8") as fh:
-                plan = json.load(fh)
+        plan = read_plan(args.plan)
         if not isinstance(plan, dict):
             raise ValueError("not a JSON object")
         report = snapshot(plan, args.timeout)

@@ -142,6 +142,14 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_verify)
 
 
+def read_plan(path: str) -> Any:
+    """The JSON of the plan file PATH, or of standard input for `-` (OSError, ValueError)."""
+    if path == "-":
+        return json.load(sys.stdin)
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 def main_plan(argv: Sequence[str] | None = None) -> int:
     """python -m pdnode.verify --plan PLAN.json: no inventory parsing (runs on the host)."""
     p = argparse.ArgumentParser(prog="python -m pdnode.verify", description="Verify a deployed PD node.",
@@ -151,11 +159,7 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
     add_options(p)
     args = p.parse_args(argv)
     try:
-        if args.plan == "-":
-            plan = json.load(sys.stdin)
-        else:
-            with open(args.plan, encoding="utf-8") as fh:
-                plan = json.load(fh)
+        plan = read_plan(args.plan)
     except OSError as exc:
         return _cannot_run(args, f"cannot read the plan {args.plan}: {exc.strerror}")
     except ValueError as exc:
