@@ -145,7 +145,7 @@ def layouts(inventory, tmp_path_factory):
 
 
 def units_on_disk(host) -> set[str]:
-    out = host.check_output(f"ls /etc/systemd/system | grep -E '^{PREFIX}-(prefill|decode)' || true")
+    out = host.check_output(f"ls /etc/systemd/system | grep -E '^{PREFIX}-(prefill|decode)[^.]*[.]service$' || true")
     return set(out.split())
 
 
