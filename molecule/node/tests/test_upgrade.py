@@ -1,6 +1,7 @@
 """playbooks/upgrade.yml on the scenario's node, from the controller, with real packages
 from the wheelhouse: sglang-router 0.3.2 -> smg 1.13.0 (upgraded), then a bad release
-that fails verification and rolls back by itself (the node serving smg after). Ends on
+that fails verification and rolls back by itself (the node serving smg after), and an
+upgrade back to 0.3.2 killed mid-switch whose re-run ends on one release. Ends on
 the scenario's own description (playbooks/deploy.yml), as converge left it.
 
 The bad release: the stand-in has no broken versions to install, so the bad release is a
@@ -140,3 +141,34 @@ def test_bad_release_rolls_back_by_itself(host, versions):
     assert status == "200" and "Paris" in text
     doc = json.loads(host.check_output(f"cat {RECORD}"))
     assert (doc["serving"]["venv"], doc["failed"]["venv"], doc["switching_to"]) == (good, bad, None)
+
+
+def test_interrupted_upgrade_rerun_ends_on_one_release(host, versions, inventory):
+    """Killed (SIGKILL, the whole controller process group) while the engines restart,
+    then the same command again: one release, verified, recorded."""
+    smg, old = release("smg", versions["cu13"]), release("sglang-router", versions["cu13"])
+    proc = subprocess.Popen(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "upgrade.yml")],
+                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
+    seen = ""
+    for line in proc.stdout:
+        seen += line
+        if "RUNNING HANDLER [pd_services : Restart the changed engines" in line:
+            break
+    os.killpg(proc.pid, 9)
+    proc.wait(timeout=60)
+    assert "Restart the changed engines" in seen, seen[-3000:]
+    doc = json.loads(host.check_output(f"cat {RECORD}"))
+    assert (doc["serving"]["venv"], doc["switching_to"]["venv"]) == (smg, old)
+    t0 = time.monotonic()
+    again = playbook(inventory, "upgrade.yml")
+    print(f"re-run of the interrupted upgrade: {time.monotonic() - t0:.1f} s")
+    assert again.returncode == 0, again.stdout[-5000:] + again.stderr[-2000:]
+    report = json.loads(REPORT.read_text())
+    assert report["outcome"] == "upgraded"
+    assert (report["from_venv"], report["to_venv"]) == (smg, old)
+    for unit in UNITS:
+        assert exec_python(host, unit) == f"{old}/bin/python", unit
+        assert host.service(unit).is_running, unit
+    doc = json.loads(host.check_output(f"cat {RECORD}"))
+    assert (doc["serving"]["venv"], doc["previous"]["venv"], doc["switching_to"]) == (old, smg, None)
+    assert not host.service(f"{PREFIX}-upgrade-probe.service").is_running
