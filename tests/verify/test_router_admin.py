@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -25,59 +23,29 @@ from nodeplan import plan_for
 from pdnode import router_launch
 from pdnode.verify.config import build_run
 from pdnode.verify.engine import verify
+from routerproc import call, key_file, router_process
 
-REPO = Path(__file__).resolve().parents[2]
 CLIENT = "sk-client-3f9a07"
 ADMIN = "adm-0c41:with-colons:9e"  # sglang-router splits id:name:role:key at the first three colons
-
-
-def _key(d: Path, name: str, value: str) -> str:
-    f = d / name
-    f.write_text(value + "\n")
-    f.chmod(0o600)
-    return str(f)
 
 
 @contextlib.contextmanager
 def launched_node(d: Path, client_key: str | None) -> Iterator[Any]:
     """Stand-in prefill + decode, and the router started by pdnode.router_launch."""
-    from node import request, standin_node
+    from node import standin_node
 
     with standin_node(d, api_key=client_key, router=False) as node:
         plan = plan_for(node)
         router = dict(plan["services"]["router"]["args"], worker_startup_check_interval=1, shutdown_grace_period_secs=1)
         (d / "router.json").write_text(json.dumps(router))
         argv = [sys.executable, "-m", "pdnode.router_launch", str(d / "router.json"),
-                "--admin-key-file", _key(d, "router-admin-key", ADMIN)]
+                "--admin-key-file", key_file(d, "router-admin-key", ADMIN)]
         if client_key:
-            argv += ["--api-key-file", _key(d, "api-key", client_key)]
-        env = {**os.environ, "PYTHONPATH": str(REPO / "scripts"), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
-        with open(d / "router.log", "wb") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            end = time.monotonic() + 60
-            while True:
-                with contextlib.suppress(OSError):
-                    if request("GET", node.router_url + "/readiness", timeout=2).status == 200:
-                        break
-                assert proc.poll() is None and time.monotonic() < end, (d / "router.log").read_text()
-                time.sleep(0.2)
+            argv += ["--api-key-file", key_file(d, "api-key", client_key)]
+        with router_process(argv, d, node.router_url + "/readiness", {"HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}) as proc:
             node.router_proc = proc
             node.plan = plan
             yield node
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def call(node: Any, method: str, path: str, key: str | None, body: Any = None) -> Any:
-    from node import request
-
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return request(method, node.router_url + path, body, headers=headers, timeout=30)
 
 
 def workers(node: Any) -> dict[str, str]:
@@ -102,13 +70,13 @@ def node(tmp_path_factory):
 def test_launcher_dry_run_redacts_and_refuses_bad_keys(tmp_path, capsys):
     rj = tmp_path / "router.json"
     rj.write_text(json.dumps({"pd_disaggregation": True, "port": 8000}))
-    admin, client = _key(tmp_path, "admin", ADMIN), _key(tmp_path, "client", CLIENT)
+    admin, client = key_file(tmp_path, "admin", ADMIN), key_file(tmp_path, "client", CLIENT)
     assert router_launch.main([str(rj), "--admin-key-file", admin, "--api-key-file", client, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "--control-plane-api-keys pdnode-admin:pdnode operator:admin:<redacted> --control-plane-audit-enabled" \
         in out and "--api-key <redacted>" in out and ADMIN not in out and CLIENT not in out
     # the admin key must differ from the client key
-    same = _key(tmp_path, "same", CLIENT)
+    same = key_file(tmp_path, "same", CLIENT)
     assert router_launch.main([str(rj), "--admin-key-file", same, "--api-key-file", client, "--dry-run"]) == 2
     assert "equals the client API key" in capsys.readouterr().err
     # a key readable by others is refused, like every pdnode secret
@@ -183,9 +151,9 @@ def test_mesh_routes_are_inert_without_mesh(node):
 
 
 @pytest.mark.integration
-def test_verifier_reads_workers_with_the_admin_key(node, tmp_path):
-    client = _key(tmp_path, "client", CLIENT)
-    run = build_run(node.plan, api_key_file=client, admin_key_file=_key(tmp_path, "admin", ADMIN), env={},
+def test_verifier_reads_workers_with_the_adminkey_file(node, tmp_path):
+    client = key_file(tmp_path, "client", CLIENT)
+    run = build_run(node.plan, api_key_file=client, admin_key_file=key_file(tmp_path, "admin", ADMIN), env={},
                     skip_burst=True, on_node=True)
     rep = verify(run)
     router = {c.id: c for c in rep.checks}["router"]
@@ -196,7 +164,7 @@ def test_verifier_reads_workers_with_the_admin_key(node, tmp_path):
     router = {c.id: c for c in rep.checks}["router"]
     assert rep.exit_code == 0 and router.status == "PASS" and "worker list not read" in router.evidence
     # a wrong admin key is
-    rep = verify(build_run(node.plan, api_key_file=client, admin_key_file=_key(tmp_path, "wrong", "adm-wrong"),
+    rep = verify(build_run(node.plan, api_key_file=client, admin_key_file=key_file(tmp_path, "wrong", "adm-wrong"),
                            env={}, skip_burst=True, on_node=True))
     router = {c.id: c for c in rep.checks}["router"]
     assert router.status == "FAIL" and "refused the admin key" in router.hint

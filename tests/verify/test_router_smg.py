@@ -24,21 +24,14 @@ import pytest
 from nodeplan import plan_for
 from pdnode.verify.config import build_run
 from pdnode.verify.engine import verify
+from routerproc import REPO, call, key_file, router_process
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 SMG_VERSION = "1.13.0"
 SMG_PYTHON = os.environ.get("PDNODE_SMG_PYTHON") or sys.executable
 CLIENT = "sk-client-5e0b11"
 ADMIN = "adm-7d:with-colons:22"  # smg splits id:name:role:key at the first three colons
-
-
-def _key(d: Path, name: str, value: str) -> str:
-    f = d / name
-    f.write_text(value + "\n")
-    f.chmod(0o600)
-    return str(f)
 
 
 def _require_smg() -> None:
@@ -54,7 +47,7 @@ def _require_smg() -> None:
 @contextlib.contextmanager
 def smg_node(d: Path, client_key: str | None) -> Iterator[Any]:
     """Stand-in prefill + decode, and smg started by pdnode.router_launch."""
-    from node import request, standin_node
+    from node import standin_node
 
     _require_smg()
     with standin_node(d, api_key=client_key, router=False) as node:
@@ -63,41 +56,18 @@ def smg_node(d: Path, client_key: str | None) -> Iterator[Any]:
                       shutdown_grace_period_secs=1, log_json=True)
         (d / "router.json").write_text(json.dumps(router))
         argv = [SMG_PYTHON, "-m", "pdnode.router_launch", str(d / "router.json"), "--router-package", "smg",
-                "--admin-key-file", _key(d, "router-admin-key", ADMIN)]
+                "--admin-key-file", key_file(d, "router-admin-key", ADMIN)]
         if client_key:
-            argv += ["--api-key-file", _key(d, "api-key", client_key)]
-        env = {**os.environ, "PYTHONPATH": str(REPO / "scripts"), "HF_HUB_OFFLINE": "1"}
-        with open(d / "router.log", "wb") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            end = time.monotonic() + 60
-            while True:
-                with contextlib.suppress(OSError):
-                    if request("GET", node.router_url + "/readiness", timeout=2).status == 200:
-                        break
-                assert proc.poll() is None and time.monotonic() < end, (d / "router.log").read_text()[-3000:]
-                time.sleep(0.2)
+            argv += ["--api-key-file", key_file(d, "api-key", client_key)]
+        with router_process(argv, d, node.router_url + "/readiness", {"HF_HUB_OFFLINE": "1"}) as proc:
             node.router_proc, node.plan = proc, plan
             yield node
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     with smg_node(tmp_path_factory.mktemp("smg-node"), CLIENT) as n:
         yield n
-
-
-def call(node: Any, method: str, path: str, key: str | None, body: Any = None) -> Any:
-    from node import request
-
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return request(method, node.router_url + path, body, headers=headers, timeout=30)
 
 
 def workers(node: Any) -> dict[str, Any]:
@@ -186,8 +156,8 @@ def test_keys_stay_off_the_command_line_and_the_log(node):
 
 
 def test_the_verifier_passes_against_smg(node, tmp_path):
-    run = build_run(node.plan, api_key_file=_key(tmp_path, "client", CLIENT),
-                    admin_key_file=_key(tmp_path, "admin", ADMIN), env={}, skip_burst=True, on_node=True)
+    run = build_run(node.plan, api_key_file=key_file(tmp_path, "client", CLIENT),
+                    admin_key_file=key_file(tmp_path, "admin", ADMIN), env={}, skip_burst=True, on_node=True)
     rep = verify(run)
     checks = {c.id: c for c in rep.checks}
     assert rep.exit_code == 0, [(c.id, c.status, c.evidence, c.hint) for c in rep.checks]

@@ -19,14 +19,14 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_router_smg import ADMIN, REPO, SMG_PYTHON, _key, _require_smg
+from routerproc import key_file, router_process
+from test_router_smg import ADMIN, SMG_PYTHON, _require_smg
 
 pytestmark = pytest.mark.integration
 CIRCUIT_OPEN_S = 5
@@ -35,7 +35,7 @@ CIRCUIT_OPEN_S = 5
 @contextlib.contextmanager
 def smg_2p1d(d: Path, policy: str) -> Iterator[dict[str, Any]]:
     """Two prefills and one decode (of two stand-in pairs, the second decode unused)."""
-    from node import free_ports, request, standin_node
+    from node import free_ports, standin_node
 
     _require_smg()
     with standin_node(d / "a", router=False) as a, standin_node(d / "b", router=False) as b:
@@ -47,27 +47,10 @@ def smg_2p1d(d: Path, policy: str) -> Iterator[dict[str, Any]]:
                   "worker_startup_check_interval": 1, "shutdown_grace_period_secs": 1, "log_json": True}
         (d / "router.json").write_text(json.dumps(router))
         argv = [SMG_PYTHON, "-m", "pdnode.router_launch", str(d / "router.json"), "--router-package", "smg",
-                "--admin-key-file", _key(d, "admin", ADMIN)]
-        env = {**os.environ, "PYTHONPATH": str(REPO / "scripts")}
-        with open(d / "router.log", "wb") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                "--admin-key-file", key_file(d, "admin", ADMIN)]
         base = f"http://127.0.0.1:{rp}"
-        try:
-            end = time.monotonic() + 60
-            while True:
-                with contextlib.suppress(OSError):
-                    r = request("GET", base + "/readiness", timeout=2)
-                    if r.status == 200 and r.json().get("healthy_workers") == 3:
-                        break
-                assert proc.poll() is None and time.monotonic() < end, (d / "router.log").read_text()[-3000:]
-                time.sleep(0.2)
+        with router_process(argv, d, base + "/readiness", ready=lambda r: r.json().get("healthy_workers") == 3):
             yield {"base": base, "a": a, "b": b}
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def _burst(base: str, n: int, tag: str) -> collections.Counter[int]:
