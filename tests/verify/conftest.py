@@ -72,6 +72,15 @@ def chat_answer(content: str, completion_tokens: int = 3, finish: str = "stop") 
             "usage": {"prompt_tokens": 5, "completion_tokens": completion_tokens, "total_tokens": 5 + completion_tokens}}
 
 
+def chat_reply(body: dict | None, content: str, completion_tokens: int) -> tuple[int, Any]:
+    """A fake router's 200 to a chat request: one SSE chunk and [DONE] when BODY asks for a stream."""
+    if (body or {}).get("stream"):
+        chunk = {"choices": [{"index": 0, "delta": {"content": content}, "finish_reason": "stop"}],
+                 "usage": {"prompt_tokens": 5, "completion_tokens": completion_tokens}}
+        return 200, f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+    return 200, chat_answer(content, completion_tokens)
+
+
 @pytest.fixture
 def data_text() -> Callable[[str], str]:
     return lambda name: (DATA / name).read_text()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import chat_answer, fake_server, minimal_plan
+from conftest import chat_reply, fake_server, minimal_plan
 from pdnode.verify.base import FAIL, NA, PASS, Ctx
 from pdnode.verify.checks_router import check_router
 from pdnode.verify.config import build_run
@@ -44,11 +44,7 @@ def router(chat_status: int = 200, readiness_body: bytes | None = None):
         if req.path == "/v1/chat/completions":
             if chat_status != 200:
                 return chat_status, {"error": {"code": "server_selection_failed", "message": "no worker"}}
-            if (body or {}).get("stream"):
-                chunk = {"choices": [{"index": 0, "delta": {"content": "Paris OK"}, "finish_reason": "stop"}],
-                         "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
-                return 200, f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
-            return 200, chat_answer("Paris OK", 2)
+            return chat_reply(body, "Paris OK", 2)
         return 404, {}
     return fake_server(handler)
 

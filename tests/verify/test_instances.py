@@ -6,13 +6,12 @@ worker list must be exactly the plan's instances, each named by its id."""
 
 from __future__ import annotations
 
-import json
 import threading
 from contextlib import ExitStack
 from typing import Any
 
 import pytest
-from conftest import chat_answer, fake_server
+from conftest import chat_reply, fake_server
 from nodeplan import contract_plan
 
 from pdnode.verify.base import FAIL, PASS, SKIP
@@ -110,11 +109,7 @@ class Node:
             # the policy: always prefill-0 (cache_aware with a warm prefix does this)
             self.engines["prefill-0"].serve()
             self.engines["decode-0"].serve()
-            if (body or {}).get("stream"):
-                chunk = {"choices": [{"index": 0, "delta": {"content": "Paris"}, "finish_reason": "stop"}],
-                         "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
-                return 200, f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
-            return 200, chat_answer("Paris", 2)
+            return chat_reply(body, "Paris", 2)
         return 404, {}
 
     def run(self, **kw: Any):
