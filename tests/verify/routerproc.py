@@ -55,3 +55,26 @@ def call(node: Any, method: str, path: str, key: str | None, body: Any = None) -
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return request(method, node.router_url + path, body, headers=headers, timeout=30)
+
+
+def decode_out_and_back(node: Any, decode_id: str, decode_url: str, admin: str, client: str) -> None:
+    """Take decode out of NODE's router with the ADMIN key (the router then is not ready) and
+    put it back (ready again), as an operator does around a decode restart."""
+    def worker_types() -> list[str]:
+        resp = call(node, "GET", "/workers", admin)
+        assert resp.status == 200, resp.text
+        return [w["worker_type"] for w in resp.json()["workers"]]
+
+    resp = call(node, "DELETE", f"/workers/{decode_id}", admin)
+    assert resp.status in (200, 202), resp.text
+    end = time.monotonic() + 20
+    while "decode" in worker_types():
+        assert time.monotonic() < end
+        time.sleep(0.2)
+    assert call(node, "GET", "/readiness", None).status == 503
+    resp = call(node, "POST", "/workers", admin, {"url": decode_url, "worker_type": "decode", "api_key": client})
+    assert resp.status in (200, 202), resp.text
+    end = time.monotonic() + 30
+    while call(node, "GET", "/readiness", None).status != 200:
+        assert time.monotonic() < end, worker_types()
+        time.sleep(0.2)

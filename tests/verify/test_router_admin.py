@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from nodeplan import plan_for
 from pdnode import router_launch
 from pdnode.verify.config import build_run
 from pdnode.verify.engine import verify
-from routerproc import call, key_file, router_process
+from routerproc import call, decode_out_and_back, key_file, router_process
 
 CLIENT = "sk-client-3f9a07"
 ADMIN = "adm-0c41:with-colons:9e"  # sglang-router splits id:name:role:key at the first three colons
@@ -173,21 +172,7 @@ def test_verifier_reads_workers_with_the_adminkey_file(node, tmp_path):
 @pytest.mark.integration
 def test_admin_key_manages_workers(node):
     # last in the module: takes decode out and puts it back
-    ids = workers(node)
-    resp = call(node, "DELETE", f"/workers/{ids['decode']}", ADMIN)
-    assert resp.status in (200, 202), resp.text
-    end = time.monotonic() + 20
-    while "decode" in workers(node):
-        assert time.monotonic() < end
-        time.sleep(0.2)
-    assert call(node, "GET", "/readiness", None).status == 503
-    resp = call(node, "POST", "/workers", ADMIN, {"url": node.decode_url, "worker_type": "decode",
-                                                  "api_key": CLIENT})
-    assert resp.status in (200, 202), resp.text
-    end = time.monotonic() + 30
-    while call(node, "GET", "/readiness", None).status != 200:
-        assert time.monotonic() < end, workers(node)
-        time.sleep(0.2)
+    decode_out_and_back(node, workers(node)["decode"], node.decode_url, ADMIN, CLIENT)
     assert chat(node, CLIENT).status == 200
 
 

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import pytest
 from nodeplan import plan_for
 from pdnode.verify.config import build_run
 from pdnode.verify.engine import verify
-from routerproc import REPO, call, key_file, router_process
+from routerproc import REPO, call, decode_out_and_back, key_file, router_process
 
 pytestmark = pytest.mark.integration
 
@@ -189,18 +188,6 @@ def test_without_a_client_key_the_admin_key_still_guards_workers(tmp_path):
 def test_admin_key_manages_workers(node):
     # last in the module: takes decode out and puts it back
     decode = workers(node)["decode"]
-    resp = call(node, "DELETE", f"/workers/{decode['id']}", ADMIN)
-    assert resp.status in (200, 202), resp.text
-    end = time.monotonic() + 20
-    while "decode" in workers(node):
-        assert time.monotonic() < end
-        time.sleep(0.2)
-    assert call(node, "GET", "/readiness", None).status == 503
-    resp = call(node, "POST", "/workers", ADMIN, {"url": decode["url"], "worker_type": "decode", "api_key": CLIENT})
-    assert resp.status in (200, 202), resp.text
-    end = time.monotonic() + 30
-    while call(node, "GET", "/readiness", None).status != 200:
-        assert time.monotonic() < end, workers(node)
-        time.sleep(0.2)
+    decode_out_and_back(node, decode["id"], decode["url"], ADMIN, CLIENT)
     assert call(node, "POST", "/v1/completions", CLIENT, {"model": "fake-model", "prompt": "hi",
                                                            "max_tokens": 2}).status == 200
