@@ -32,7 +32,12 @@ PREFIX = "sglang-pd"
 KEY = (REPO / "molecule" / "node" / "files" / "test-api-key").read_text().strip()
 PLANNER_SIM = {"pdnode_sim_prefill_ms_per_token": 2.0, "pdnode_sim_decode_ms_per_token": 30.0,
                "pdnode_sim_decode_ms_per_request": 6.0, "pdnode_sim_kv_bytes_per_token": 512,
-               "pdnode_sim_startup_s": 0.0}
+               "pdnode_sim_startup_s": 0.0,
+               # the verify thresholds of the demo, with room for this slower simulated prefill
+               # (2 ms per prompt token per GPU: ~0.5 s for the verify prompt at TP 2)
+               "pdnode_verify_thresholds": {"ttft_p50_max_s": 2.0, "ttft_p99_max_s": 5.0, "itl_p50_max_s": 0.1,
+                                            "itl_p99_max_s": 0.5, "e2e_p99_max_s": 10.0,
+                                            "decode_throughput_min_tok_s": 20, "kv_transfer_speed_min_gb_s": 0.001}}
 DECODE_DP4 = {"gpus": [4, 5, 6, 7], "tp_size": 4, "attn_dp_size": 4, "ep_size": 4, "moe_dense_tp_size": 1,
               "enable_dp_lm_head": True}
 DECODE_DP2 = [{"gpus": g, "tp_size": 2, "attn_dp_size": 2, "ep_size": 2, "moe_dense_tp_size": 1,
