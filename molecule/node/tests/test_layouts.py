@@ -164,7 +164,7 @@ def counters(host, port: int) -> float:
                if line.startswith("sglang:num_requests_total"))
 
 
-def test_measure_1p1d_and_plan(layouts, tmp_path_factory):
+def test_measure_1p1d_and_plan(host, layouts, tmp_path_factory):
     """pdnode bench on 1P1D at two loads, then pdnode plan's predictions for 2P1D and 1P2D."""
     deploy(layouts["1P1D"], "1P1D (planner settings)")
     out = tmp_path_factory.mktemp("bench")
@@ -220,9 +220,8 @@ def test_verify_proves_both_prefills(host, layouts):
         assert checks[instance] == "PASS", checks
 
 
-@pytest.mark.parametrize("name", ["2P1D"])
-def test_planner_within_15_percent_on_2p1d(layouts, tmp_path, name):
-    _measure_against_prediction(layouts, tmp_path, name)
+def test_planner_within_15_percent_on_2p1d(host, layouts, tmp_path):
+    _measure_against_prediction(layouts, tmp_path, "2P1D")
 
 
 def test_kill_9_of_one_prefill_under_load(host, layouts):
