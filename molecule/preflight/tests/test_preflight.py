@@ -32,7 +32,7 @@ def test_expectations_came_from_the_gpu01_plan(failing):
     e = failing["expect"]
     assert (e["gpu_count"], e["gpu_model"], e["driver_branch"]) == (8, "NVIDIA H200", 580)
     assert e["gpu_ids"] == list(range(8))
-    assert e["ports"]["pdnode_router_port"] == 8000 and e["ports"]["pdnode_prefill_port"] == 30000
+    assert e["ports"]["router.port"] == 8000 and e["ports"]["prefill-0.port"] == 30000
     assert e["nics"]["7"] == "mlx5_7"
 
 
@@ -43,7 +43,7 @@ def test_facts_read_from_the_container(failing):
     assert f["driver"]["present"] is False and f["pci"]["nvidia_gpus"] == 0
     owners = {s["port"]: s["unit"] for s in f["listeners"]}
     assert owners[8000] == "foreign-web.service"
-    assert owners[30000] == "sglang-pd-prefill.service"
+    assert owners[30000] == "sglang-pd-prefill-0.service"
 
 
 def test_passing_case(host):
@@ -57,4 +57,4 @@ def test_host_unchanged(host):
     assert not host.file("/opt/sglang-pd").exists
     assert not host.package("nvidia-open").is_installed
     assert host.service("foreign-web").is_running
-    assert host.service("sglang-pd-prefill").is_running
+    assert host.service("sglang-pd-prefill-0").is_running
