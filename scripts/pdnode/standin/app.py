@@ -25,6 +25,7 @@ from .faults import Faults
 from .http_api import HttpApi
 from .kv import DecodeKV, PrefillKV
 from .metrics import Metrics, scheduler_labels
+from .rendezvous import Leader, RendezvousError, run_follower
 
 log = logging.getLogger("standin")
 
@@ -55,6 +56,10 @@ def rank_registrations(settings: Settings, rank_ip: str, rank_port: int) -> list
 
 async def serve(settings: Settings, launch_command: str) -> int:
     s, sim = settings.server, settings.sim
+    if s.nnodes > 1 and s.node_rank >= 1:
+        assert s.dist_init is not None  # config.py requires it with nnodes > 1
+        return await run_follower(s.host, s.port, *s.dist_init, s.nnodes, s.node_rank,
+                                  s.dist_timeout_s, sim.startup_s)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -83,6 +88,7 @@ async def serve(settings: Settings, launch_command: str) -> int:
     runner = web.AppRunner(api.app, access_log=None, handler_cancellation=True, shutdown_timeout=5.0)
     await runner.setup()
     bootstrap: BootstrapServer | None = None
+    leader = Leader(*s.dist_init, s.nnodes) if s.dist_init and s.nnodes > 1 else None
     tasks: list[asyncio.Task[Any]] = []
     try:
         try:
@@ -110,11 +116,17 @@ async def serve(settings: Settings, launch_command: str) -> int:
             faults.add_listener(on_faults)
             if faults.active("bootstrap_down"):
                 await bootstrap.set_down(True)
+        if leader is not None:
+            try:
+                await leader.start()
+            except OSError as exc:
+                log.error("cannot listen on dist_init_addr %s:%d: %s", leader.host, leader.port, exc.strerror or exc)
+                return 1
         if faults.as_list():
             log.warning("faults active from the start: %s", ", ".join(faults.as_list()))
 
         # "model loading"
-        load = asyncio.ensure_future(_load(settings, prefill_kv, decode_kv, session))
+        load = asyncio.ensure_future(_load(settings, prefill_kv, decode_kv, session, leader))
         stopped = asyncio.ensure_future(stop.wait())
         done, _ = await asyncio.wait({load, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if load not in done:
@@ -127,7 +139,14 @@ async def serve(settings: Settings, launch_command: str) -> int:
         engine.status = "Up"
         tasks.append(loop.create_task(_throughput(engine)))
         log.info("The server is fired up and ready to roll!")
-        await stop.wait()
+        waits = {asyncio.ensure_future(stop.wait())}
+        if leader is not None:
+            waits.add(asyncio.ensure_future(leader.lost.wait()))
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        if leader is not None and leader.lost.is_set():
+            return 1
         log.info("shutting down (signal received)")
         engine.status = "Exiting"
         return 0
@@ -138,6 +157,8 @@ async def serve(settings: Settings, launch_command: str) -> int:
         await runner.cleanup()
         if bootstrap is not None:
             await bootstrap.close()
+        if leader is not None:
+            await leader.close()
         for kv in (prefill_kv, decode_kv):
             if kv is not None:
                 await kv.close()
@@ -146,8 +167,15 @@ async def serve(settings: Settings, launch_command: str) -> int:
 
 
 async def _load(settings: Settings, prefill_kv: PrefillKV | None, decode_kv: DecodeKV | None,
-                session: aiohttp.ClientSession) -> bool:
+                session: aiohttp.ClientSession, leader: Leader | None = None) -> bool:
     s, sim = settings.server, settings.sim
+    if leader is not None:
+        # SGLang's schedulers cannot finish loading before the whole NCCL world exists.
+        try:
+            await leader.wait_all(s.dist_timeout_s)
+        except RendezvousError as exc:
+            log.error("%s", exc)
+            return False
     try:
         for kv in (prefill_kv, decode_kv):
             if kv is not None:

@@ -15,6 +15,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from .faults import FaultError, parse_faults
+from .rendezvous import DEFAULT_TIMEOUT_S, parse_dist_init_addr
 from ..plan import known_server_args
 from ..secrets import SecretError, read_secret_file
 
@@ -54,6 +55,10 @@ class ServerSettings:
     load_balance_method: str
     resolved: Mapping[str, Any]  # what /server_info reports (all given keys, resolved)
     api_key: str | None = dataclasses.field(default=None, repr=False)
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init: tuple[str, int] | None = None  # (host, port) of node rank 0's rendezvous
+    dist_timeout_s: float = DEFAULT_TIMEOUT_S
 
     @property
     def attn_tp_size(self) -> int:
@@ -214,6 +219,8 @@ def server_settings_from_dict(args: Mapping[str, Any], api_key: str | None = Non
         raise ConfigError(f"ServerArgs field chunked_prefill_size={chunk}: a positive token count, or -1 (no chunking)")
     if chunk > 0 and attn_dp > 1:
         chunk = max(chunk // attn_dp, 1)  # SGLang divides the chunk among the attention-DP ranks
+    nnodes, node_rank, dist_init = _multi_node(args, tp, pp, dp)
+    dist_timeout = DEFAULT_TIMEOUT_S if args.get("dist_timeout") is None else _int(args, "dist_timeout", 1, 1)
     mrr = args.get("max_running_requests")
     if mrr is not None:
         mrr = _int(args, "max_running_requests", 1, 1)
@@ -229,6 +236,7 @@ def server_settings_from_dict(args: Mapping[str, Any], api_key: str | None = Non
         load_balance_method=lbm, page_size=page_size, chunked_prefill_size=chunk,
         kv_cache_dtype=_str(args, "kv_cache_dtype", "auto") or "auto",
         load_format=_str(args, "load_format", "auto") or "auto",
+        nnodes=nnodes, node_rank=node_rank,
     )
     for secret in ("api_key", "admin_api_key"):
         resolved.pop(secret, None)
@@ -258,7 +266,37 @@ def server_settings_from_dict(args: Mapping[str, Any], api_key: str | None = Non
         load_balance_method=lbm,
         resolved=resolved,
         api_key=api_key,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        dist_init=dist_init,
+        dist_timeout_s=float(dist_timeout),
     )
+
+
+def _multi_node(args: Mapping[str, Any], tp: int, pp: int, dp: int) -> tuple[int, int, tuple[str, int] | None]:
+    """(nnodes, node_rank, dist_init) with SGLang's refusals, plus the mistakes SGLang
+    0.5.23 accepts and then hangs or fails on at start-up (docs/multi-host.md)."""
+    nnodes = _int(args, "nnodes", 1, 1)
+    node_rank = _int(args, "node_rank", 0, 0)
+    if nnodes == 1:
+        return nnodes, node_rank, None
+    if (tp * pp) % nnodes:
+        raise ConfigError(f"ServerArgs fields tp_size={tp}, pp_size={pp}, nnodes={nnodes}: "
+                          f"tp_size x pp_size must be divisible by nnodes (SGLang's check)")
+    if dp > 1:
+        raise ConfigError(f"ServerArgs fields dp_size={dp}, nnodes={nnodes}: multi-node data-parallel "
+                          f"replicas are not supported; use attn_dp_size across nodes (SGLang's check)")
+    if node_rank >= nnodes:
+        raise ConfigError(f"ServerArgs fields node_rank={node_rank}, nnodes={nnodes}: node_rank must be "
+                          f"below nnodes (0 on the host of dist_init_addr)")
+    raw = _str(args, "dist_init_addr", None)
+    if not raw:
+        raise ConfigError(f"ServerArgs field dist_init_addr is required with nnodes={nnodes}: "
+                          f"set it to node rank 0's ADDRESS:PORT on every node")
+    try:
+        return nnodes, node_rank, parse_dist_init_addr(raw)
+    except ValueError as exc:
+        raise ConfigError(f"ServerArgs field dist_init_addr={raw!r}: {exc}") from None
 
 
 def _env_float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
