@@ -90,7 +90,7 @@ def test_prefill_ready_only_after_rank1_joins_and_dies_with_it(tmp_path, procs):
     assert _status(base0 + "/health") == 503
     assert _status(f"http://127.0.0.1:{bootstrap}{ROUTE_ALL}") != 200, "ranks registered before rank 1 joined"
 
-    rank1 = Proc(tmp_path, "rank1", _args(port1, dist, 1, disaggregation_mode="prefill",
+    rank1 = Proc(tmp_path, "rank1", _args(port1, dist, 1, disaggregation_mode="prefill", enable_metrics=True,
                                           disaggregation_bootstrap_port=bootstrap,
                                           disaggregation_transfer_backend="mooncake_tcp"))
     procs.append(rank1)
@@ -99,6 +99,7 @@ def test_prefill_ready_only_after_rank1_joins_and_dies_with_it(tmp_path, procs):
     # rank >= 1: SGLang's dummy health check server on its own host:port, no API
     _wait_status(f"http://127.0.0.1:{port1}/health", 200, 30, rank1)
     assert _status(f"http://127.0.0.1:{port1}/server_info") == 404
+    assert _status(f"http://127.0.0.1:{port1}/metrics") == 200  # enable_metrics on rank 1
     assert "node rank 1 joined" in rank0.log()
 
     rank1.p.kill()
@@ -122,6 +123,7 @@ def test_rank1_waits_for_rank0_and_dies_with_it(tmp_path, procs):
     procs.append(rank0)
     _wait_status(f"http://127.0.0.1:{port0}/health", 200, 60, rank0, rank1)
     _wait_status(f"http://127.0.0.1:{port1}/health", 200, 30, rank1)
+    assert _status(f"http://127.0.0.1:{port1}/metrics") == 404  # no enable_metrics
 
     # a second process claiming node rank 1 is refused; the instance keeps running
     dup = Proc(tmp_path, "dup", _args(free_ports(1)[0], dist, 1))
@@ -150,6 +152,27 @@ def test_sigterm_on_rank1_waits_for_rank0_like_sglang(tmp_path, procs):
     rank0.p.send_signal(signal.SIGTERM)
     assert rank0.wait_exit(15) == 0, rank0.log()
     assert rank1.wait_exit(10) == 0, rank1.log()  # rank 0's shutdown, not a lost connection
+
+
+@pytest.mark.integration
+def test_a_silent_rank_counts_as_lost(tmp_path, procs):
+    """A host cut off the network sends no FIN: a frozen rank 1 (SIGSTOP) stands in for it."""
+    from pdnode.standin.rendezvous import SILENCE_S
+
+    port0, port1, dist = free_ports(3)
+    rank0 = Proc(tmp_path, "rank0", _args(port0, dist, 0))
+    rank1 = Proc(tmp_path, "rank1", _args(port1, dist, 1))
+    procs += [rank0, rank1]
+    _wait_status(f"http://127.0.0.1:{port0}/health", 200, 60, rank0, rank1)
+    rank1.p.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        assert rank0.wait_exit(SILENCE_S + 10) == 1, rank0.log()
+        assert time.monotonic() - t0 >= SILENCE_S - 1  # not before the silence limit
+        assert f"node rank 1: silent for {SILENCE_S:.0f} s" in rank0.log()
+    finally:
+        rank1.p.send_signal(signal.SIGCONT)
+    assert rank1.wait_exit(10) == 1, rank1.log()  # woken up, it finds rank 0 gone
 
 
 @pytest.mark.integration

@@ -59,7 +59,7 @@ async def serve(settings: Settings, launch_command: str) -> int:
     if s.nnodes > 1 and s.node_rank >= 1:
         assert s.dist_init is not None  # config.py requires it with nnodes > 1
         return await run_follower(s.host, s.port, *s.dist_init, s.nnodes, s.node_rank,
-                                  s.dist_timeout_s, sim.startup_s)
+                                  s.dist_timeout_s, sim.startup_s, s.enable_metrics)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -216,21 +216,28 @@ async def join(host: str, port: int, nnodes: int, node_rank: int, timeout_s: flo
     return reader, writer
 
 
-def _dummy_health_app() -> Any:
-    """What SGLang's launch_dummy_health_check_server answers on a rank >= 1."""
+def _dummy_health_app(enable_metrics: bool) -> Any:
+    """What SGLang's launch_dummy_health_check_server answers on a rank >= 1 (its /metrics
+    exposes this node's scheduler processes; the stand-in has none here: an empty page)."""
     from aiohttp import web  # not at import: config.py imports this module, aiohttp-free
 
     async def ok(_: web.Request) -> web.Response:
         return web.Response(status=200)
 
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text="", content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
     app = web.Application()
     for path in ("/health", "/health_generate", "/ping"):
         app.router.add_get(path, ok)
+    if enable_metrics:
+        app.router.add_get("/metrics", metrics)
     return app
 
 
 async def run_follower(host: str, port: int, dist_host: str, dist_port: int, nnodes: int,
-                       node_rank: int, timeout_s: float, startup_s: float) -> int:
+                       node_rank: int, timeout_s: float, startup_s: float, enable_metrics: bool) -> int:
     """A node rank >= 1 process: exit 0 when rank 0 shuts it down, 1 when rank 0 is lost."""
     from aiohttp import web
 
@@ -252,7 +259,7 @@ async def run_follower(host: str, port: int, dist_host: str, dist_port: int, nno
         if startup_s:
             await asyncio.wait({watch}, timeout=startup_s)
         if not watch.done():
-            runner = web.AppRunner(_dummy_health_app(), access_log=None)
+            runner = web.AppRunner(_dummy_health_app(enable_metrics), access_log=None)
             await runner.setup()
             try:
                 await web.TCPSite(runner, host=host, port=port).start()
