@@ -10,7 +10,7 @@ from planvars import changed, variables
 
 from pdnode.docs import inventory_markdown
 from pdnode.fields import INSTANCE_KEYS, INSTANCE_KEYS_BY_NAME, RETIRED_ROLE_VARIABLES
-from pdnode.inventory import load_inventory
+from pdnode.inventory import inventory_variables, load_inventory
 from pdnode.plan import PlanError, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,12 +56,14 @@ def test_reference_lists_the_instance_keys_and_the_retired_variables():
 def test_every_shipped_node_inventory_is_valid():
     checked = []
     for inv in sorted((ROOT / "inventories").iterdir()):
-        hv = load_inventory(inv)
-        if "pdnode_gpu_count" not in hv.variables:
-            continue  # not a node description (e.g. the one-GPU preflight host)
-        build_plan(hv.variables, hv.host)  # raises PlanError with every problem
-        checked.append(inv.name)
+        peers = inventory_variables(inv)
+        for host, variables_ in peers.items():
+            if "pdnode_gpu_count" not in variables_:
+                continue  # not a node description (e.g. the one-GPU preflight host)
+            build_plan(variables_, host, peers)  # raises PlanError with every problem
+            checked.append(inv.name)
     assert {"gpu01", "gpu01-2p1d", "gpu01-1p2d", "demo"} <= set(checked)
+    assert checked.count("gpu-pair") == 2  # the two-host example, as each host plans it
 
 
 def _problems(v):

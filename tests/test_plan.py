@@ -112,7 +112,7 @@ CASES = [
     ),
     pytest.param(
         {'prefill[0]': {'gpus': None}},
-        ["pdnode_prefill_instances[0].gpus=None: is required and not set. Fix: set gpus (physical GPU ids, evenly spaced (the spacing is SGLang's gpu_id_step); tp_size x dp_size of them)."],
+        ["pdnode_prefill_instances[0].gpus=None: is required and not set. Fix: set gpus (physical GPU ids on each of its hosts, evenly spaced (the spacing is SGLang's gpu_id_step); tp_size x dp_size of them in all hosts together)."],
         id='gpus_required',
     ),
     pytest.param(
@@ -132,12 +132,12 @@ CASES = [
     ),
     pytest.param(
         {'prefill[0]': {'gpu': [0]}},
-        ['pdnode_prefill_instances[0].gpu=[0]: is not a key of a prefill instance. Fix: use one of name, gpus, tp_size, dp_size, attn_dp_size, ep_size, moe_dense_tp_size, enable_dp_lm_head, port, bootstrap_port, nccl_port, mem_fraction_static, extra_args.'],
+        ['pdnode_prefill_instances[0].gpu=[0]: is not a key of a prefill instance. Fix: use one of name, hosts, gpus, tp_size, dp_size, attn_dp_size, ep_size, moe_dense_tp_size, enable_dp_lm_head, port, bootstrap_port, nccl_port, dist_init_port, mem_fraction_static, extra_args.'],
         id='instance_key_unknown',
     ),
     pytest.param(
         {'decode[0]': {'bootstrap_port': 9000}},
-        ['pdnode_decode_instances[0].bootstrap_port=9000: is not a key of a decode instance. Fix: use one of name, gpus, tp_size, dp_size, attn_dp_size, ep_size, moe_dense_tp_size, enable_dp_lm_head, port, nccl_port, mem_fraction_static, extra_args.'],
+        ['pdnode_decode_instances[0].bootstrap_port=9000: is not a key of a decode instance. Fix: use one of name, hosts, gpus, tp_size, dp_size, attn_dp_size, ep_size, moe_dense_tp_size, enable_dp_lm_head, port, nccl_port, dist_init_port, mem_fraction_static, extra_args.'],
         id='bootstrap_on_decode',
     ),
     pytest.param(

@@ -20,6 +20,7 @@ import test_plan_hostile
 from planvars import ROOT, changed
 
 from pdnode import cli
+from pdnode.inventory import load_inventory
 from pdnode.plan import PlanError, build_plan
 from pdnode.rules import BY_ID, RULES
 
@@ -123,6 +124,26 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     # 671 GB: each instance needs 8 H200s, 16 together on an 8-GPU host
     "capacity-gpus-for-all": ({"pdnode_model_weights_gb": 671}, {"capacity-weights-fit"}),
     "capacity-gpu-known": ({"pdnode_gpu_model": "NVIDIA H100 PCIe"}, set()),
+    # gpu01 alone: any other host name is not in its inventory
+    "host-known": ({"decode[0]": {"hosts": ["gpu09"]}}, set()),
+    "hosts-unique": ({"decode[0]": {"hosts": ["node", "node"], "gpus": [4, 5]}}, set()),
+    "dist-init-port-spanning-only": ({"decode[0]": {"dist_init_port": 32100}}, set()),
+}
+
+# Rules about several hosts: the change to inventories/gpu-pair as gpu01 plans it, and
+# the change to its peer gpu02's variables.
+PAIR_RULE_CASES: dict[str, tuple[dict, dict, set[str]]] = {
+    "host-in-layout": ({"pdnode_router_node": "gpu02", "prefill[0]": {"hosts": ["gpu02"], "gpus": [0, 1, 2, 3]},
+                        "prefill[1]": {"hosts": ["gpu02"], "gpus": [0, 1, 2, 3]}},
+                       {}, {"gpus-not-shared", "layout-same-on-every-host"}),
+    "node-address-required": ({}, {"pdnode_node_address": None}, set()),
+    "node-address-ip": ({"pdnode_node_address": "gpu01.example.internal"}, {}, set()),
+    "node-address-unique": ({}, {"pdnode_node_address": "10.20.0.11"}, set()),
+    "layout-same-on-every-host": ({}, {"pdnode_router_node": "gpu01"}, set()),
+    "multi-host-api-key": ({"pdnode_api_key_file": None}, {"pdnode_api_key_file": None}, set()),
+    "spanning-without-dp-replicas": ({"prefill[0]": {"hosts": ["gpu01", "gpu02"], "tp_size": 4, "dp_size": 2}},
+                                     {"prefill[0]": {"hosts": ["gpu01", "gpu02"], "tp_size": 4, "dp_size": 2}},
+                                     {"gpus-not-shared"}),
 }
 
 
@@ -135,8 +156,10 @@ def _reported(variables_: dict) -> tuple[list, list]:
 
 
 def test_every_rule_has_a_case_and_every_case_a_rule():
-    assert sorted(set(BY_ID) - set(RULE_CASES)) == [], "rules without a case in RULE_CASES"
-    assert sorted(set(RULE_CASES) - set(BY_ID)) == [], "cases for rules that are not registered"
+    cases = set(RULE_CASES) | set(PAIR_RULE_CASES)
+    assert not set(RULE_CASES) & set(PAIR_RULE_CASES), "a rule has two cases"
+    assert sorted(set(BY_ID) - cases) == [], "rules without a case in RULE_CASES or PAIR_RULE_CASES"
+    assert sorted(cases - set(BY_ID)) == [], "cases for rules that are not registered"
 
 
 def test_registry_is_well_formed():
@@ -161,6 +184,22 @@ def test_the_case_triggers_its_rule(gpu01_vars, rule_id):
     assert bool(errors) == (BY_ID[rule_id].severity == "error")
 
 
+@pytest.mark.parametrize("rule_id", sorted(PAIR_RULE_CASES))
+def test_the_two_host_case_triggers_its_rule(rule_id):
+    mine, theirs, also = PAIR_RULE_CASES[rule_id]
+    pair = ROOT / "inventories" / "gpu-pair"
+    peers = {"gpu01": changed(load_inventory(pair, "gpu01").variables, mine),
+             "gpu02": changed(load_inventory(pair, "gpu02").variables, theirs)}
+    try:
+        build_plan(peers["gpu01"], "gpu01", peers)
+        problems = []
+    except PlanError as exc:
+        problems = exc.problems
+    ids = [p.rule_id for p in problems]
+    assert rule_id in ids, [str(p) for p in problems]
+    assert set(ids) <= {rule_id} | also, [f"{p.rule_id}: {p}" for p in problems]
+
+
 def _params(cases: list) -> list:
     return [pytest.param(p.values[0], id=p.id) for p in cases]
 
@@ -176,7 +215,7 @@ def test_every_problem_of_the_plan_tests_has_a_registered_id(gpu01_vars, changes
 
 # The checker's calls in the plan's modules: c.error / c.warn / self.error (plan,
 # instances, ports), error (values), WeightsError (capacity).
-MODULES = ["plan.py", "instances.py", "ports.py", "values.py", "capacity.py"]
+MODULES = ["plan.py", "instances.py", "ports.py", "values.py", "capacity.py", "cluster.py"]
 _FORWARDS = {"rule_id"}  # c.error(exc.rule_id, ...) passes on an id set at the source
 
 

@@ -322,15 +322,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], str, Path]:
-    from .inventory import InventoryError, load_inventory
+    from .inventory import InventoryError, inventory_variables, load_inventory
     from .plan import PlanError, build_plan
 
     try:
         hv = load_inventory(args.inventory, args.host)
+        peers = inventory_variables(args.inventory)
     except InventoryError as exc:
         raise BenchError(str(exc)) from None
     try:
-        plan = build_plan(hv.variables, hv.host).as_dict()
+        plan = build_plan(hv.variables, hv.host, peers).as_dict()
     except PlanError as exc:
         raise BenchError("the inventory is invalid (run `pdnode check`): "
                          + "; ".join(str(p) for p in exc.problems), EXIT_BAD) from None

@@ -12,20 +12,35 @@ import re
 import sys
 from collections.abc import Sequence
 
-from .inventory import InventoryError, load_inventory
+from .inventory import InventoryError, inventory_variables, load_inventory
 from .plan import Plan, PlanError, Problem, build_plan
 
 EXIT_OK, EXIT_INVALID, EXIT_CANNOT_RUN = 0, 1, 2
 
 
-def _plan_or_exit(args: argparse.Namespace) -> Plan:
+def _hosts_to_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, dict]]:
+    """The hosts a command plans (--host, or every host of the inventory) and every
+    host's variables (a layout spanning hosts reads its peers'); exit 2 if unreadable."""
     try:
-        hv = load_inventory(args.inventory, args.host)
+        peers = inventory_variables(args.inventory)
+    except InventoryError as exc:
+        print(f"pdnode: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_CANNOT_RUN) from None
+    if args.host is not None and args.host not in peers:
+        print(f"pdnode: {args.inventory}: no host {args.host!r} (hosts: {', '.join(peers)})", file=sys.stderr)
+        raise SystemExit(EXIT_CANNOT_RUN)
+    return ([args.host] if args.host else list(peers)), peers
+
+
+def _plan_or_exit(args: argparse.Namespace, host: str | None = None) -> Plan:
+    try:
+        hv = load_inventory(args.inventory, host or args.host)
+        peers = inventory_variables(args.inventory)
     except InventoryError as exc:
         print(f"pdnode: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_CANNOT_RUN) from None
     try:
-        plan = build_plan(hv.variables, hv.host)
+        plan = build_plan(hv.variables, hv.host, peers)
     except PlanError as exc:
         n = len(exc.problems)
         print(f"{args.inventory}: {n} problem{'s' * (n != 1)} in host {hv.host}:", file=sys.stderr)
@@ -48,27 +63,39 @@ def _problem_json(problem: Problem, sources: dict[str, str]) -> dict[str, object
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    hosts, peers = _hosts_to_plan(args)
     if args.json:
         # For scripts: the same verdict and exit code, every problem with its rule id
         # (pdnode.rules; docs/inventory.md lists them). An unreadable inventory stays a
-        # line on stderr, exit 2: there is no plan to report on.
+        # line on stderr, exit 2: there is no plan to report on. One host: its report;
+        # several: {ok, hosts: [report, ...]}.
+        reports = []
+        for host in hosts:
+            sources = load_inventory(args.inventory, host).sources
+            try:
+                problems, warnings = [], build_plan(peers[host], host, peers).warnings
+            except PlanError as exc:
+                problems, warnings = exc.problems, []
+            reports.append({"ok": not problems, "host": host,
+                            "problems": [_problem_json(p, sources) for p in problems],
+                            "warnings": [_problem_json(w, sources) for w in warnings]})
+        ok = all(r["ok"] for r in reports)
+        print(json.dumps(reports[0] if len(reports) == 1 else {"ok": ok, "hosts": reports}, indent=2, default=str))
+        return EXIT_OK if ok else EXIT_INVALID
+    failed = 0
+    for host in hosts:
         try:
-            hv = load_inventory(args.inventory, args.host)
-        except InventoryError as exc:
-            print(f"pdnode: {exc}", file=sys.stderr)
-            return EXIT_CANNOT_RUN
-        try:
-            problems, warnings = [], build_plan(hv.variables, hv.host).warnings
-        except PlanError as exc:
-            problems, warnings = exc.problems, []
-        print(json.dumps({"ok": not problems, "host": hv.host,
-                          "problems": [_problem_json(p, hv.sources) for p in problems],
-                          "warnings": [_problem_json(w, hv.sources) for w in warnings]}, indent=2, default=str))
-        return EXIT_INVALID if problems else EXIT_OK
-    plan = _plan_or_exit(args)
-    layout = ", ".join(f"{s['id']} GPUs {_gpus(s['gpus'])}" for s in plan.engines())
-    print(f"{args.inventory}: host {plan.host} OK ({layout}; {len(plan.ports)} ports)")
-    return EXIT_OK
+            plan = _plan_or_exit(args, host)
+        except SystemExit as exc:
+            if exc.code != EXIT_INVALID:
+                raise
+            failed += 1
+            continue
+        layout = ", ".join(f"{s['id']} GPUs {_gpus(s['gpus'])}" for s in plan.engines())
+        runs = layout + ("; " if layout and "router" in plan.services else "") + (
+            f"the router at {plan.cluster['router']['url']}" if "router" in plan.services else "")
+        print(f"{args.inventory}: host {plan.host} OK ({runs}; {len(plan.ports)} ports)")
+    return EXIT_INVALID if failed else EXIT_OK
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -109,36 +136,66 @@ def _parallelism(a: dict) -> str:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    plan = _plan_or_exit(args)
+    hosts, _ = _hosts_to_plan(args)
+    plans = [_plan_or_exit(args, host) for host in hosts]
+    for i, plan in enumerate(plans):
+        if plan.cluster["multi_host"]:
+            print(("\n" if i else "") + f"host {plan.host} ({plan.cluster['hosts'][plan.host]['address']}):")
+        _explain_host(plan)
+    _explain_layout(plans[-1])
+    return EXIT_OK
+
+
+def _explain_host(plan: Plan) -> None:
     rows = [("service", "unit", "GPUs", "parallelism", "listens on")]
     for s in plan.engines():
         a = s["args"]
-        listens = f"{a['host']}:{a['port']} (HTTP)"
-        if s["role"] == "prefill":
+        if s["url"] is None:
+            listens = f"- (node rank {a['node_rank']} of {a['nnodes']}; joins {a['dist_init_addr']})"
+        else:
+            listens = f"{a['host']}:{a['port']} (HTTP)"
+        if s["role"] == "prefill" and s["url"] is not None:
             listens += f", :{s['bootstrap_port']} (bootstrap)"
-        if a.get("attn_dp_size", 1) > 1:
+        if a.get("attn_dp_size", 1) > 1 and "dist_init_addr" not in a:
             listens += f", :{a['port'] + 233}-{a['port'] + 239} (internal)"
+        if a.get("node_rank") == 0:
+            port = int(a["dist_init_addr"].rsplit(":", 1)[1])
+            listens += f", :{port}-{port + 7} (rendezvous of {a['nnodes']} hosts)"
         if "nccl_port" in a:
             listens += f", :{a['nccl_port']} (NCCL)"
         rows.append((s["id"], s["unit"], _gpus(s["gpus"]), _parallelism(a), listens))
-    r = plan.services["router"]
-    ra = r["args"]
-    rows.append(("router", r["unit"], "-", f"PD, policy {ra['policy']}",
-                 f"{ra['host']}:{ra['port']} (HTTP), {ra['prometheus_host']}:{ra['prometheus_port']} (metrics)"))
+    if "router" in plan.services:
+        r = plan.services["router"]
+        ra = r["args"]
+        rows.append(("router", r["unit"], "-", f"PD, policy {ra['policy']}",
+                     f"{ra['host']}:{ra['port']} (HTTP), {ra['prometheus_host']}:{ra['prometheus_port']} (metrics)"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    first = plan.engines()[0]["args"]
-    backend = first["disaggregation_transfer_backend"]
-    nics = "RDMA devices per GPU" if "disaggregation_ib_device" in first else "auto-discovered devices"
-    print(f"\nmodel {first['served_model_name']} from {first['model_path']}; KV moves prefill -> decode over "
-          f"{backend}" + (f" ({nics})" if backend != "mooncake_tcp" else " (TCP)") + ".")
     bound = [s["id"] for s in plan.engines("decode") if s["bound_to"]]
     if bound:
         print(f"{', '.join(bound)} restart{'s' * (len(bound) == 1)} with the one prefill (docs/decisions.md).")
-    return EXIT_OK
+    fw = plan.firewall
+    if fw["enabled"]:
+        print(f"firewall: only {', '.join(fw['peers'])} reach{'es' * (len(fw['peers']) == 1)} these engines' ports"
+              + (f"; port {', '.join(map(str, fw['public_tcp_ports']))} is open to all" if fw["public_tcp_ports"]
+                 else "") + " (docs/firewall.md).")
+
+
+def _explain_layout(plan: Plan) -> None:
+    engines = plan.cluster["engines"]
+    settings = plan.settings
+    backend = settings["pdnode_transfer_backend"]
+    nics = "RDMA devices per GPU" if settings["pdnode_ib_devices"] else "auto-discovered devices"
+    between = " between the hosts" if plan.cluster["multi_host"] else ""
+    print(f"\nmodel {settings['pdnode_model_served_name']} from {settings['pdnode_model_path']}; KV moves prefill -> "
+          f"decode{between} over {backend}" + (f" ({nics})" if backend != "mooncake_tcp" else " (TCP)") + ".")
+    if plan.cluster["multi_host"]:
+        router = plan.cluster["router"]
+        regs = ", ".join(f"{e['id']} {e['url']}" for e in engines.values())
+        print(f"router on {router['host']} at {router['url']} registers {regs} (API key required).")
 
 
 def _add_inventory(p: argparse.ArgumentParser) -> None:

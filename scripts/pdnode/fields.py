@@ -49,7 +49,12 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_prefill_instances", "instance_list", REQUIRED, "prefill instances of the host, each a mapping of INSTANCE_KEYS (below)"),
     _F("pdnode_decode_instances", "instance_list", REQUIRED, "decode instances of the host, each a mapping of INSTANCE_KEYS (below)"),
     # Where prefill and decode listen (the router is the only public listener)
-    _F("pdnode_worker_host", "str", "127.0.0.1", "address prefill and decode bind (loopback)"),
+    _F("pdnode_worker_host", "str", "127.0.0.1", "address prefill and decode bind on a one-host node (loopback)"),
+    # Several hosts (docs/multi-host.md): where each host is reached and which runs the router
+    _F("pdnode_node_address", "str_or_none", None, "this host's IP address as the other hosts of a multi-host layout "
+       "reach it (host_vars; engines bind it, peers and the router connect to it, the firewall admits them)"),
+    _F("pdnode_router_node", "str_or_none", None, "inventory host that runs the router (default: the first host "
+       "of the first prefill instance)"),
     # KV transfer
     _F("pdnode_transfer_backend", "str", "mooncake", "mooncake | mooncake_tcp | nixl"),
     _F("pdnode_ib_devices", "dict", {}, "physical GPU id -> RDMA device(s), e.g. {0: mlx5_0}"),
@@ -117,9 +122,12 @@ _K = InstanceKey
 # out is allocated by the plan (pdnode.ports), collision-free.
 INSTANCE_KEYS: tuple[InstanceKey, ...] = (
     _K("name", "str", None, "short name in the unit (<prefix>-<role>-<name>.service): a-z 0-9, at most 12; default the index"),
-    _K("gpus", "int_list", REQUIRED, "physical GPU ids, evenly spaced (the spacing is SGLang's gpu_id_step); "
-       "tp_size x dp_size of them"),
-    _K("tp_size", "int", None, "tensor parallel size: ALL GPUs of one replica, DP attention included (default: GPUs / dp_size)"),
+    _K("hosts", "str_list", [], "inventory hosts the instance runs on (default: the host being deployed); several "
+       "hosts make ONE instance spanning them (SGLang --nnodes, --node-rank in this order)"),
+    _K("gpus", "int_list", REQUIRED, "physical GPU ids on each of its hosts, evenly spaced (the spacing is SGLang's "
+       "gpu_id_step); tp_size x dp_size of them in all hosts together"),
+    _K("tp_size", "int", None, "tensor parallel size: ALL GPUs of one replica, DP attention included (default: GPUs x "
+       "hosts / dp_size)"),
     _K("dp_size", "int", 1, "data-parallel replicas of the model in this instance (DP attention is attn_dp_size)"),
     _K("attn_dp_size", "int", 1, "attention data parallel size (1: off; divides tp_size)"),
     _K("ep_size", "int_or_none", None, "expert parallel size (divides tp_size; MoE only; unset: SGLang's choice)"),
@@ -128,6 +136,8 @@ INSTANCE_KEYS: tuple[InstanceKey, ...] = (
     _K("port", "int", None, "HTTP port (loopback); with DP attention port+233..+239 are bound too (default: allocated)"),
     _K("bootstrap_port", "int", None, "bootstrap server port (default: allocated from 8998)", ("prefill",)),
     _K("nccl_port", "int", None, "NCCL port (default: allocated)"),
+    _K("dist_init_port", "int", None, "port of the first host's rendezvous for an instance spanning hosts "
+       "(--dist-init-addr; SGLang derives its ZMQ ports from the next 7; default: allocated)"),
     _K("mem_fraction_static", "float", 0.85, "--mem-fraction-static: share of GPU memory for weights and KV cache"),
     _K("extra_args", "dict", {}, "more ServerArgs fields (names, types and choices of SGLang 0.5.23's parser; no secrets)"),
 )

@@ -26,7 +26,9 @@ REMOVED_SERVER_ARGS = {  # removed from SGLang in 2026-03: unknown flags since
 # ServerArgs fields the plan derives; extra_args may not override them.
 OWNED_SERVER_ARGS = {
     "model_path": "pdnode_model_path", "served_model_name": "pdnode_model_served_name",
-    "host": "pdnode_worker_host", "port": "the instance's port", "tp_size": "the instance's tp_size",
+    "host": "pdnode_worker_host (one host) or pdnode_node_address (several)", "port": "the instance's port",
+    "nnodes": "the instance's hosts", "node_rank": "the instance's hosts (their order)",
+    "dist_init_addr": "the instance's first host and dist_init_port", "tp_size": "the instance's tp_size",
     "dp_size": "the instance's dp_size", "attn_dp_size": "the instance's attn_dp_size",
     "ep_size": "the instance's ep_size", "moe_dense_tp_size": "the instance's moe_dense_tp_size",
     "enable_dp_lm_head": "the instance's enable_dp_lm_head", "base_gpu_id": "the instance's gpus",
@@ -49,10 +51,11 @@ _KIND_OK = {
     "bool": lambda v: isinstance(v, bool),
     "dict": lambda v: isinstance(v, dict),
     "int_list": lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
+    "str_list": lambda v: isinstance(v, list) and all(isinstance(i, str) and i != "" for i in v),
 }
 _KIND_WORDS = {"int": "an integer", "int_or_none": "an integer or null", "float": "a number",
                "str": "a non-empty string", "bool": "true or false", "dict": "a mapping",
-               "int_list": "a list of integers"}
+               "int_list": "a list of integers", "str_list": "a list of inventory host names"}
 
 
 @dataclass
@@ -72,6 +75,9 @@ class Instance:
     nccl_port: int | None
     mem_fraction_static: float
     extra_args: dict[str, Any] = field(default_factory=dict)
+    # Inventory hosts, in node-rank order; empty until the plan places it (pdnode.cluster).
+    hosts: list[str] = field(default_factory=list)
+    dist_init_port: int | None = None
     reported: set[str] = field(default_factory=set)  # keys already reported as missing or mistyped
 
     @property
@@ -81,6 +87,14 @@ class Instance:
     @property
     def field(self) -> str:
         return f"pdnode_{self.role}_instances[{self.index}]"
+
+    @property
+    def nnodes(self) -> int:
+        return max(1, len(self.hosts))
+
+    @property
+    def spans_hosts(self) -> bool:
+        return len(self.hosts) > 1
 
     @property
     def gpu_id_step(self) -> int:
@@ -176,6 +190,7 @@ def read(c: Any, role: str, entries: Any) -> list[Instance]:
             enable_dp_lm_head=got["enable_dp_lm_head"], port=got["port"], bootstrap_port=got.get("bootstrap_port"),
             nccl_port=got["nccl_port"], mem_fraction_static=got["mem_fraction_static"],
             extra_args=got["extra_args"] if isinstance(got["extra_args"], dict) else {}, reported=reported,
+            hosts=list(got["hosts"] or []), dist_init_port=got["dist_init_port"],
         ))
     names = [i.name for i in out]
     for inst in out:
@@ -211,7 +226,7 @@ def _check_sizes(c: Any, inst: Instance) -> None:
         if isinstance(value, int) and value < 1:
             c.error("size-at-least-1", f"{f}.{key}", value, "must be at least 1", "use 1 to turn it off")
             setattr(inst, key, None)
-    n = len(inst.gpus)
+    n = len(inst.gpus) * inst.nnodes  # an instance spanning hosts uses its gpus on each
     if isinstance(inst.dp_size, int) and inst.dp_size > 1 and isinstance(inst.attn_dp_size, int) \
             and inst.attn_dp_size > 1:
         # SGLang 0.5.23 (handle_data_parallelism): "data-parallel replicas combined with
@@ -276,15 +291,19 @@ def _check_gpus(c: Any, inst: Instance, gpu_count: Any) -> None:
                 name, gpus, "must be ascending and evenly spaced (SGLang places rank r on base_gpu_id + r * "
                 "gpu_id_step)", f"use e.g. {list(range(min(gpus), min(gpus) + len(gpus)))}")
         return
-    tp, dp = inst.tp_size, inst.dp_size
-    if isinstance(tp, int) and isinstance(dp, int) and len(gpus) != tp * dp:
+    tp, dp, nodes = inst.tp_size, inst.dp_size, inst.nnodes
+    if isinstance(tp, int) and isinstance(dp, int) and len(gpus) * nodes != tp * dp:
         what = f"tp_size={tp}" + (f" x dp_size={dp} = {tp * dp}" if dp > 1 else "")
         note = (" (with DP attention tp_size is still the instance's total GPU count)"
                 if isinstance(inst.attn_dp_size, int) and inst.attn_dp_size > 1 else "")
-        fix = f"list {tp * dp} GPUs for {inst.id}"
-        if len(gpus) % dp == 0:
-            fix += f", or set tp_size: {len(gpus) // dp}"
-        c.error("gpus-match-tp-dp", name, gpus, f"has {len(gpus)} GPUs but {inst.id} runs on {what} GPUs{note}", fix)
+        has = f"{len(gpus)} GPUs" + (f" on each of {nodes} hosts ({len(gpus) * nodes})" if nodes > 1 else "")
+        if (tp * dp) % nodes:
+            fix = f"use a tp_size x dp_size that {nodes} hosts share evenly"
+        else:
+            fix = f"list {tp * dp // nodes} GPUs" + (" per host" if nodes > 1 else "") + f" for {inst.id}"
+            if (len(gpus) * nodes) % dp == 0:
+                fix += f", or set tp_size: {len(gpus) * nodes // dp}"
+        c.error("gpus-match-tp-dp", name, gpus, f"has {has} but {inst.id} runs on {what} GPUs{note}", fix)
 
 
 def _check_moe(c: Any, inst: Instance, kind: Any) -> None:
@@ -348,16 +367,20 @@ def _check_extra(c: Any, inst: Instance, known: frozenset[str]) -> None:
 
 
 def check_shared_gpus(c: Any, instances: list[Instance]) -> None:
-    owner: dict[int, Instance] = {}
+    """No GPU of a host given to two instances (instances on different hosts may both use GPU 0)."""
+    owner: dict[tuple[str, int], Instance] = {}
     for inst in instances:
-        clash = sorted({g for g in inst.gpus if g in owner})
+        clash = sorted({(h, g) for h in inst.hosts for g in inst.gpus if (h, g) in owner})
         if clash:
             other = owner[clash[0]]
+            on = f" on {clash[0][0]}" if len({h for i in instances for h in i.hosts}) > 1 else ""
             c.error("gpus-not-shared",
-                    f"{inst.field}.gpus", inst.gpus, f"GPUs {clash} are also used by {other.id} ({other.field})",
+                    f"{inst.field}.gpus", inst.gpus,
+                    f"GPUs {sorted({g for _, g in clash})}{on} are also used by {other.id} ({other.field})",
                     "give each GPU to one instance")
-        for g in inst.gpus:
-            owner.setdefault(g, inst)
+        for h in inst.hosts:
+            for g in inst.gpus:
+                owner.setdefault((h, g), inst)
 
 
 def _similar(a: str, b: str) -> bool:

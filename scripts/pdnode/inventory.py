@@ -131,3 +131,9 @@ def load_inventory(path: str | Path, host: str | None = None) -> HostVars:
     variables.update(inline)
     sources.update({k: str(hosts_file.name) for k in inline})
     return HostVars(host=host, groups=groups, variables=variables, sources=sources)
+
+
+def inventory_variables(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Every host of the inventory -> its merged variables: what a layout spanning
+    hosts reads of its other hosts (``build_plan(..., inventory=...)``)."""
+    return {host: load_inventory(path, host).variables for host in inventory_hosts(path)}

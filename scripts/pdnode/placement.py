@@ -363,15 +363,16 @@ def _cannot_run(args: argparse.Namespace, why: str) -> int:
 
 
 def cmd_placement(args: argparse.Namespace) -> int:
-    from .inventory import InventoryError, load_inventory
+    from .inventory import InventoryError, inventory_variables, load_inventory
     from .plan import PlanError, build_plan
 
     try:
         hv = load_inventory(args.inventory, args.host)
+        peers = inventory_variables(args.inventory)
     except InventoryError as exc:
         return _cannot_run(args, str(exc))
     try:
-        plan = build_plan(hv.variables, hv.host)
+        plan = build_plan(hv.variables, hv.host, peers)
     except PlanError as exc:
         n = len(exc.problems)
         return _cannot_run(args, f"the inventory {args.inventory} is invalid ({_plural(n, 'problem')}; "

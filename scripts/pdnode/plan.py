@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from . import cluster
 from . import instances as inst_rules
 from . import values
 from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
@@ -66,14 +68,19 @@ class PlanError(Exception):
 
 @dataclass
 class Plan:
-    host: str
+    host: str  # the inventory host this plan deploys
     install: dict[str, str]  # user, root, venv, config_dir, prefix, target, key paths
-    # Per service id (prefill-<name>..., decode-<name>..., router), in start order: its
-    # unit, the argv systemd runs, the URLs its readiness gate waits for, its files,
-    # arguments and environment. Templates and tasks only read these (docs/architecture.md).
+    # Per service id (prefill-<name>..., decode-<name>..., router) that runs on THIS host,
+    # in start order: its unit, the argv systemd runs, the URLs its readiness gate waits
+    # for, its files, arguments and environment. Templates and tasks only read these
+    # (docs/architecture.md).
     services: dict[str, dict[str, Any]]
     ports: dict[str, int]
     settings: dict[str, Any]  # the validated pdnode_* values, defaults filled in
+    # Every host of the layout and every engine instance on it, the router's public URL
+    # (pdnode.cluster); on one host: this host on loopback.
+    cluster: dict[str, Any] = field(default_factory=dict)
+    firewall: dict[str, Any] = field(default_factory=dict)
     warnings: list[Problem] = field(default_factory=list)
 
     def engines(self, role: str | None = None) -> list[dict[str, Any]]:
@@ -86,7 +93,8 @@ class Plan:
     def as_dict(self) -> dict[str, Any]:
         return {
             "host": self.host, "install": self.install, "services": self.services,
-            "router_argv": self.router_argv(), "ports": self.ports, "settings": self.settings,
+            "router_argv": self.router_argv() if "router" in self.services else [], "ports": self.ports,
+            "settings": self.settings, "cluster": self.cluster, "firewall": self.firewall,
             "warnings": [str(w) for w in self.warnings],
         }
 
@@ -266,8 +274,11 @@ def _check_thresholds(c: _Checker, thresholds: Any) -> None:
                     name, value, "must be a positive number", "write a number in the unit of its name")
 
 
-def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
-    """Validate a node description and derive the plan; raise PlanError with all problems."""
+def build_plan(variables: dict[str, Any], host: str = "node",
+               inventory: Mapping[str, Mapping[str, Any]] | None = None) -> Plan:
+    """Validate a node description and derive the plan of ``host``; raise PlanError with
+    all problems. ``inventory`` maps every inventory host to its variables (only the
+    hosts a multi-host layout names are read: their address and layout description)."""
     c = _Checker(variables)
     _unknown_variables(c)
     inst_rules.check_retired(c)
@@ -315,15 +326,15 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
     kind = v["pdnode_model_kind"]
     engines: list[Instance] = []
     for role in inst_rules.ROLES:
-        if f"pdnode_{role}_instances" in skip:
-            continue
-        for inst in inst_rules.read(c, role, v[f"pdnode_{role}_instances"]):
-            inst_rules.check(c, inst, v["pdnode_gpu_count"], kind, known)
-            engines.append(inst)
+        if f"pdnode_{role}_instances" not in skip:
+            engines += inst_rules.read(c, role, v[f"pdnode_{role}_instances"])
+    layout = cluster.place(c, v, engines, host, inventory)  # before the sizes: a spanning instance's GPUs
+    for inst in engines:
+        inst_rules.check(c, inst, v["pdnode_gpu_count"], kind, known)
     inst_rules.check_shared_gpus(c, engines)
     _check_capacity(c, v, engines, skip)
     ib_map = _check_transfer(c, v["pdnode_transfer_backend"], v["pdnode_ib_devices"],
-                             sorted({g for i in engines for g in i.gpus}))
+                             sorted({g for i in engines if host in i.hosts for g in i.gpus}))
     _check_thresholds(c, v["pdnode_verify_thresholds"])
     _check_router(c, v)
     ports = allocate(c, engines, {
@@ -337,9 +348,9 @@ def build_plan(variables: dict[str, Any], host: str = "node") -> Plan:
                "pdnode_router_port", 30000, "30000 is SGLang's default server port (and sglang-router's); "
                "it is easy to collide with a worker started by hand", "prefer 8000")
 
-    if c.problems:
+    if c.problems or layout is None:
         raise PlanError(c.problems)
-    return _derive(v, engines, ib_map, ports, c.warnings, host)
+    return _derive(v, engines, ib_map, ports, c.warnings, layout)
 
 
 def _check_capacity(c: _Checker, v: dict[str, Any], engines: list[Instance], skip: set[str]) -> None:
@@ -401,11 +412,15 @@ def _check_router(c: _Checker, v: dict[str, Any]) -> None:
                "bind them to 127.0.0.1 unless a remote Prometheus scrapes them")
 
 
-def _server_args(v: dict[str, Any], inst: Instance, bootstrap_port: int, ib_map: dict[int, str]) -> dict[str, Any]:
+def _server_args(v: dict[str, Any], inst: Instance, bootstrap_port: int, ib_map: dict[int, str],
+                 layout: cluster.Layout) -> dict[str, Any]:
+    # One host: loopback. Several: the host's address, which its peers reach (the
+    # firewall admits only them).
+    bind = layout.address(layout.host) if layout.multi_host else v["pdnode_worker_host"]
     args: dict[str, Any] = {
         "model_path": v["pdnode_model_path"],
         "served_model_name": v["pdnode_model_served_name"],
-        "host": v["pdnode_worker_host"],
+        "host": bind,
         "port": inst.port,
         "tp_size": inst.tp_size,
         "base_gpu_id": inst.gpus[0],
@@ -420,6 +435,10 @@ def _server_args(v: dict[str, Any], inst: Instance, bootstrap_port: int, ib_map:
     }
     if inst.nccl_port is not None:
         args["nccl_port"] = inst.nccl_port
+    if inst.spans_hosts:
+        args["nnodes"] = inst.nnodes
+        args["node_rank"] = inst.hosts.index(layout.host)
+        args["dist_init_addr"] = f"{_url_host(layout.address(inst.hosts[0]))}:{inst.dist_init_port}"
     if inst.dp_size > 1:
         args["dp_size"] = inst.dp_size
     if inst.attn_dp_size > 1:
@@ -450,7 +469,8 @@ def _release(v: dict[str, Any]) -> str:
 
 
 def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], ports: dict[str, int],
-            warnings: list[Problem], host: str) -> Plan:
+            warnings: list[Problem], layout: cluster.Layout) -> Plan:
+    host = layout.host
     prefix, config_dir, root = v["pdnode_service_prefix"], v["pdnode_config_dir"], v["pdnode_install_root"]
     venv = f"{root}/venvs/{_release(v)}"
     install = {
@@ -464,6 +484,9 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         "router_requirement": f"{v['pdnode_router_package']}=={v[ROUTER_PACKAGES[v['pdnode_router_package']]]}",
     }
     env_common = {"HF_HUB_OFFLINE": "1", **{str(k): str(val) for k, val in v["pdnode_engine_environment"].items()}}
+    if layout.multi_host:
+        # The address a rank advertises to its peers (bootstrap registration, KV hand-off)
+        env_common["SGLANG_HOST_IP"] = layout.address(host)
     if v["pdnode_engine"] == "sim":
         env_common.update({
             "PDNODE_SIM_PREFILL_MS_PER_TOKEN": str(v["pdnode_sim_prefill_ms_per_token"]),
@@ -478,33 +501,68 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
     first_bootstrap = prefills[0].bootstrap_port if prefills else 8998
     services: dict[str, dict[str, Any]] = {}
     for inst in engines:
-        args = _server_args(v, inst, inst.bootstrap_port if inst.role == "prefill" else first_bootstrap, ib_map)
+        if host not in inst.hosts:
+            continue
+        args = _server_args(v, inst, inst.bootstrap_port if inst.role == "prefill" else first_bootstrap, ib_map,
+                            layout)
         base = f"http://{_url_host(args['host'])}"
-        ready = [f"{base}:{inst.port}/health"]
+        serves = args.get("node_rank", 0) == 0  # SGLang serves HTTP on node rank 0 only
+        ready = [f"{base}:{inst.port}/health"] if serves else []
         svc: dict[str, Any] = {
             "id": inst.id, "role": inst.role, "name": inst.name, "unit": f"{prefix}-{inst.id}.service",
-            "config": f"{config_dir}/{inst.id}.json", "env_file": f"{config_dir}/{inst.id}.env",
+            "host": host, "config": f"{config_dir}/{inst.id}.json", "env_file": f"{config_dir}/{inst.id}.env",
             "args": args, "environment": dict(env_common), "gpus": list(inst.gpus),
-            "url": f"{base}:{inst.port}",
+            "url": f"{base}:{inst.port}" if serves else None,
         }
-        if inst.role == "prefill":
+        if inst.role == "prefill" and serves:
             # The bootstrap server answers /route once every prefill rank registered.
             ready.append(f"{base}:{inst.bootstrap_port}/route?prefill_dp_rank=-1"
                          "&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1")
+        if inst.role == "prefill":
             svc["bootstrap_port"] = inst.bootstrap_port
         svc["ready"] = ready
         # --watchdog-url: the launcher's sidecar feeds systemd's watchdog from /health
         # (only when the unit sets WatchdogSec=).
+        watch = ["--watchdog-url", ready[0]] if ready else []
         svc["exec"] = [install["python"], "-m", "pdnode.launcher", "--engine", install["engine"],
-                       "--watchdog-url", ready[0], svc["config"], *key]
+                       *watch, svc["config"], *key]
         services[inst.id] = svc
-    _couple(services, env_common)
-    services["router"] = _router_service(v, services, install, key)
-    return Plan(host=host, install=install, services=services, ports=ports, settings=_settings(v, engines),
-                warnings=warnings)
+    _couple(services, env_common, coupled=not layout.multi_host)
+    everywhere = _cluster(v, engines, layout)
+    if layout.router_host == host:
+        services["router"] = _router_service(v, everywhere["engines"], install, key, layout)
+        everywhere["router"]["metrics_url"] = services["router"]["metrics_url"]
+    return Plan(host=host, install=install, services=services, ports=ports, settings=_settings(v, engines, layout.multi_host),
+                cluster=everywhere, firewall=cluster.firewall(layout, services, ports), warnings=warnings)
 
 
-def _couple(services: dict[str, dict[str, Any]], environment: dict[str, str]) -> None:
+def _cluster(v: dict[str, Any], engines: list[Instance], layout: cluster.Layout) -> dict[str, Any]:
+    """Every host of the layout and every engine instance (where it serves HTTP: its
+    first host), as the router and the verifier on any host see them."""
+    def url(inst: Instance) -> str:
+        where = layout.address(inst.hosts[0]) if layout.multi_host else v["pdnode_worker_host"]
+        return f"http://{_url_host(where)}:{inst.port}"
+
+    instances: dict[str, dict[str, Any]] = {}
+    for inst in engines:
+        entry: dict[str, Any] = {"id": inst.id, "role": inst.role, "hosts": list(inst.hosts),
+                                 "address": layout.address(inst.hosts[0]), "url": url(inst),
+                                 "unit": f"{v['pdnode_service_prefix']}-{inst.id}.service"}
+        if inst.role == "prefill":
+            entry["bootstrap_port"] = inst.bootstrap_port
+        instances[inst.id] = entry
+    router_address = layout.address(layout.router_host) if layout.multi_host else v["pdnode_router_host"]
+    return {
+        "multi_host": layout.multi_host,
+        "hosts": {h: {"address": a, "services": [i.id for i in engines if h in i.hosts]
+                      + (["router"] if h == layout.router_host else [])} for h, a in layout.hosts.items()},
+        "router": {"host": layout.router_host,
+                   "url": f"http://{_url_host(router_address)}:{v['pdnode_router_port']}", "metrics_url": None},
+        "engines": instances,
+    }
+
+
+def _couple(services: dict[str, dict[str, Any]], environment: dict[str, str], coupled: bool) -> None:
     """Which engine units go down and up together (docs/decisions.md, "Restart coupling").
 
     With one prefill, the node cannot serve while it is down, so its decodes go down and
@@ -519,7 +577,7 @@ def _couple(services: dict[str, dict[str, Any]], environment: dict[str, str]) ->
     decodes = [s for s in services.values() if s["role"] == "decode"]
     for s in services.values():
         s["bound_to"], s["upholds"], s["restart_delay_s"] = None, [], None
-    if len(prefills) == 1:
+    if len(prefills) == 1 and coupled:
         prefills[0]["upholds"] = [d["unit"] for d in decodes]
         for d in decodes:
             d["bound_to"] = prefills[0]["unit"]
@@ -542,12 +600,12 @@ def heartbeat_detection_s(environment: dict[str, str]) -> int:
     return int(-(-interval * (int(failures) + 1) // 1))
 
 
-def _router_service(v: dict[str, Any], services: dict[str, dict[str, Any]], install: dict[str, str],
-                    key: list[str]) -> dict[str, Any]:
+def _router_service(v: dict[str, Any], engines: dict[str, dict[str, Any]], install: dict[str, str],
+                    key: list[str], layout: cluster.Layout) -> dict[str, Any]:
     router: dict[str, Any] = {
         "pd_disaggregation": True,
-        "prefill": [[s["url"], s["bootstrap_port"]] for s in services.values() if s["role"] == "prefill"],
-        "decode": [s["url"] for s in services.values() if s["role"] == "decode"],
+        "prefill": [[e["url"], e["bootstrap_port"]] for e in engines.values() if e["role"] == "prefill"],
+        "decode": [e["url"] for e in engines.values() if e["role"] == "decode"],
         "host": v["pdnode_router_host"],
         "port": v["pdnode_router_port"],
         "prometheus_host": v["pdnode_router_metrics_host"],
@@ -564,7 +622,7 @@ def _router_service(v: dict[str, Any], services: dict[str, dict[str, Any]], inst
     url = f"http://{_url_host(str(router['host']))}:{router['port']}"
     return {
         "id": "router", "role": "router", "name": "router", "unit": f"{install['prefix']}-router.service",
-        "config": f"{cfg}/router.json", "env_file": f"{cfg}/router.env", "args": router,
+        "host": layout.host, "config": f"{cfg}/router.json", "env_file": f"{cfg}/router.env", "args": router,
         "environment": {"HF_HUB_OFFLINE": "1"}, "gpus": [], "url": url,
         "metrics_url": f"http://{_url_host(str(router['prometheus_host']))}:{router['prometheus_port']}/metrics",
         # The router's worker-management API needs the admin key, always (clients hold
@@ -578,15 +636,17 @@ def _router_service(v: dict[str, Any], services: dict[str, dict[str, Any]], inst
     }
 
 
-def _settings(v: dict[str, Any], engines: list[Instance]) -> dict[str, Any]:
-    """The validated values, instances normalised (every key filled, ports allocated)."""
+def _settings(v: dict[str, Any], engines: list[Instance], multi_host: bool) -> dict[str, Any]:
+    """The validated values, instances normalised (every key filled, ports allocated;
+    where they run only when the layout spans hosts)."""
     out = dict(v)
+    keys = ("name", "gpus", "tp_size", "dp_size", "attn_dp_size", "ep_size", "moe_dense_tp_size", "enable_dp_lm_head",
+            "port", "bootstrap_port", "nccl_port", "mem_fraction_static", "extra_args")
+    keys += ("hosts", "dist_init_port") if multi_host else ()
     for role in ("prefill", "decode"):
         out[f"pdnode_{role}_instances"] = [
-            {k: (getattr(i, k) if k != "extra_args" else dict(i.extra_args))
-             for k in ("name", "gpus", "tp_size", "dp_size", "attn_dp_size", "ep_size", "moe_dense_tp_size",
-                       "enable_dp_lm_head", "port", "bootstrap_port", "nccl_port", "mem_fraction_static",
-                       "extra_args") if k != "bootstrap_port" or role == "prefill"}
+            {k: (getattr(i, k) if k not in ("extra_args", "hosts") else type(getattr(i, k))(getattr(i, k)))
+             for k in keys if k != "bootstrap_port" or role == "prefill"}
             for i in engines if i.role == role]
     return out
 

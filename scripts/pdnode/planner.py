@@ -171,16 +171,17 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
-    from .inventory import InventoryError, load_inventory
+    from .inventory import InventoryError, inventory_variables, load_inventory
     from .plan import PlanError, build_plan
     from .planner_layouts import enumerate_layouts, instance_entries, judge
 
     try:
         hv = load_inventory(args.inventory, args.host)
+        peers = inventory_variables(args.inventory)
     except InventoryError as exc:
         raise OSError(str(exc)) from None
     try:
-        plan = build_plan(hv.variables, hv.host)
+        plan = build_plan(hv.variables, hv.host, peers)
     except PlanError as exc:
         raise PlannerError(f"the inventory {args.inventory} is invalid ({len(exc.problems)} problem(s); "
                            f"`pdnode check {args.inventory}` lists them)") from None

@@ -20,12 +20,17 @@ from .instances import Instance
 
 # With DP attention and no --dist-init-addr, SGLang binds port+233 .. port+239 itself.
 DP_ATTENTION_OFFSETS = range(233, 240)
+# An instance spanning hosts: rank 0 listens on dist_init_port and SGLang's PortArgs
+# derives the node's ZMQ ports from the ports after it.
+DIST_INIT_OFFSETS = range(1, 8)
 BASES = {  # kind -> (first port, stride)
     ("prefill", "port"): (30000, 10),
     ("decode", "port"): (30001, 10),
     ("prefill", "bootstrap_port"): (8998, 1),
     ("prefill", "nccl_port"): (31000, 10),
     ("decode", "nccl_port"): (31100, 10),
+    ("prefill", "dist_init_port"): (32000, 10),
+    ("decode", "dist_init_port"): (32100, 10),
 }
 
 
@@ -34,7 +39,16 @@ def _reserved(inst: Instance, key: str, port: int) -> dict[str, int]:
     out = {f"{inst.id}.{key}": port}
     if key == "port" and _dp_attention(inst):
         out.update({f"{inst.id}.port+{off}": port + off for off in DP_ATTENTION_OFFSETS})
+    if key == "dist_init_port":
+        out.update({f"{inst.id}.dist_init_port+{off}": port + off for off in DIST_INIT_OFFSETS})
     return out
+
+
+def _top(inst: Instance, key: str) -> int:
+    """The highest port a setting may take (its derived range must fit below 65536)."""
+    if key == "port" and _dp_attention(inst):
+        return 65535 - DP_ATTENTION_OFFSETS[-1]
+    return 65535 - (DIST_INIT_OFFSETS[-1] if key == "dist_init_port" else 0)
 
 
 def _keys(inst: Instance) -> list[str]:
@@ -45,6 +59,8 @@ def _keys(inst: Instance) -> list[str]:
     # SGLang chooses free ones; a pinned one is refused by pdnode.instances.
     if isinstance(inst.dp_size, int) and inst.dp_size > 1:
         keys.remove("nccl_port")
+    if inst.spans_hosts:
+        keys.append("dist_init_port")
     return keys
 
 
@@ -56,9 +72,11 @@ def _label(name: str, ports: dict[str, int], whose: bool = True) -> str:
     """A reserved port's name as a person reads it, e.g. "decode-0's port+233..+239 (30234-30240)"."""
     owner, _, key = name.partition(".")
     if "+" in key:
-        base = ports[f"{owner}.port"]
-        key = (f"port+{DP_ATTENTION_OFFSETS[0]}..+{DP_ATTENTION_OFFSETS[-1]} "
-               f"({base + DP_ATTENTION_OFFSETS[0]}-{base + DP_ATTENTION_OFFSETS[-1]})")
+        setting = key.split("+")[0]
+        base = ports[f"{owner}.{setting}"]
+        offsets = DIST_INIT_OFFSETS if setting == "dist_init_port" else DP_ATTENTION_OFFSETS
+        key = (f"{setting}+{offsets[0]}..+{offsets[-1]} "
+               f"({base + offsets[0]}-{base + offsets[-1]})")
     if not whose:
         return f"its {key}"
     return f"the router's {key}" if owner == "router" else f"{owner}'s {key}"
@@ -92,10 +110,12 @@ def allocate(c: Any, instances: list[Instance], router: dict[str, Any]) -> dict[
             port = getattr(inst, key)
             if not isinstance(port, int):
                 continue
-            top = 65535 - (DP_ATTENTION_OFFSETS[-1] if key == "port" and _dp_attention(inst) else 0)
+            top = _top(inst, key)
             if not 1024 <= port <= top:
                 why = (f" (with DP attention it also binds port+{DP_ATTENTION_OFFSETS[0]}.."
-                       f"+{DP_ATTENTION_OFFSETS[-1]})" if top < 65535 else "")
+                       f"+{DP_ATTENTION_OFFSETS[-1]})" if key == "port" and top < 65535 else
+                       f" (SGLang also binds {key}+{DIST_INIT_OFFSETS[0]}..+{DIST_INIT_OFFSETS[-1]})"
+                       if top < 65535 else "")
                 c.error("port-range",
                         f"{inst.field}.{key}", port, f"must be an unprivileged TCP port (1024-{top}){why}",
                         f"choose a port in 1024-{top}, or leave it out to have one allocated")

@@ -111,6 +111,21 @@ RULES: tuple[Rule, ...] = (
     # --- ports
     Rule("port-range", "error", "a port is unprivileged (1024-65535; an instance with DP attention also needs "
          "port+233..+239)"),
+    # --- several hosts (pdnode.cluster)
+    Rule("host-known", "error", "an instance's `hosts` and `pdnode_router_node` name hosts of the inventory"),
+    Rule("hosts-unique", "error", "an instance's `hosts` names each host once (one node rank per host)"),
+    Rule("host-in-layout", "error", "the host being deployed runs an instance or the router of the layout"),
+    Rule("node-address-required", "error", "every host of a layout spanning hosts has `pdnode_node_address`"),
+    Rule("node-address-ip", "error", "`pdnode_node_address` is an IP address other hosts reach (not loopback, "
+         "not a wildcard)"),
+    Rule("node-address-unique", "error", "no two hosts of a layout share an address"),
+    Rule("layout-same-on-every-host", "error", "every host of a layout has the same instances, router host, "
+         "prefix, model name, engine and transfer backend"),
+    Rule("multi-host-api-key", "error", "a layout spanning hosts sets `pdnode_api_key_file` (workers then listen "
+         "beyond loopback)"),
+    Rule("dist-init-port-spanning-only", "error", "`dist_init_port` is set only on an instance spanning hosts"),
+    Rule("spanning-without-dp-replicas", "error", "an instance spanning hosts has no `dp_size` replicas (list "
+         "each replica as an instance)"),
     Rule("port-collision", "error", "no two listeners of the node share a port (DP-attention ranges included)"),
     Rule("router-port-not-30000", "warning", "the router on 30000, SGLang's default server port, is easy to "
          "collide with"),

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from . import monitoring
-from .inventory import InventoryError, inventory_hosts, load_inventory
+from .inventory import InventoryError, inventory_hosts, inventory_variables, load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "templates" / "runbooks"
@@ -229,8 +229,9 @@ def _render_host(inventory: str, host: str) -> dict[str, str]:
     from .plan import PlanError, build_plan
 
     hv = load_inventory(inventory, host)
+    peers = inventory_variables(inventory)
     try:
-        plan = build_plan(hv.variables, hv.host)
+        plan = build_plan(hv.variables, hv.host, peers)
     except PlanError as exc:
         first = exc.problems[0]
         more = len(exc.problems) - 1

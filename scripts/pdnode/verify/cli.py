@@ -113,12 +113,13 @@ def _cannot_run(args: argparse.Namespace, why: str) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..inventory import InventoryError, load_inventory
+    from ..inventory import InventoryError, inventory_variables, load_inventory
     from ..plan import PlanError, build_plan
 
     try:
         hv = load_inventory(args.inventory, args.host)
-        plan = build_plan(hv.variables, hv.host)
+        peers = inventory_variables(args.inventory)
+        plan = build_plan(hv.variables, hv.host, peers)
     except InventoryError as exc:
         return _cannot_run(args, str(exc))
     except PlanError as exc:
