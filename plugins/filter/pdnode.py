@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
 
 try:
+    from pdnode.cluster import layout_view
     from pdnode.plan import PlanError, build_plan
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from pdnode.cluster import layout_view
     from pdnode.plan import PlanError, build_plan
 
 
@@ -18,16 +21,45 @@ def _site_variables(hostvars) -> dict:
     return {str(k): hostvars[k] for k in hostvars if str(k).startswith("pdnode_")}
 
 
-def pdnode_plan(hostvars, host: str = "node") -> dict:
-    """hostvars of one host -> the validated plan as a dict (see docs/architecture.md)."""
+class _Inventory(Mapping):
+    """Every inventory host's pdnode_* variables, read from Ansible's hostvars only for
+    the hosts a layout names (the plan reads their address and layout description)."""
+
+    def __init__(self, hostvars):
+        self._hostvars = hostvars
+
+    def __getitem__(self, host):
+        if host not in self._hostvars:
+            raise KeyError(host)
+        return _site_variables(self._hostvars[host])
+
+    def __iter__(self):
+        return iter(self._hostvars)
+
+    def __len__(self):
+        return len(list(self._hostvars))
+
+
+def pdnode_plan(variables, host: str = "node", hostvars=None) -> dict:
+    """hostvars of one host (and of all hosts, for a layout spanning several) -> the
+    validated plan of that host as a dict (see docs/architecture.md)."""
     try:
-        plan = build_plan(_site_variables(hostvars), host)
+        plan = build_plan(_site_variables(variables), host, _Inventory(hostvars) if hostvars is not None else None)
     except PlanError as exc:
         lines = "\n".join(f"  {p}" for p in exc.problems)
         raise AnsibleFilterError(f"the node description has {len(exc.problems)} problem(s):\n{lines}") from None
     return plan.as_dict()
 
 
+def pdnode_layout_view(plan, hostvars) -> dict:
+    """This host's plan with every engine instance of its layout (the other hosts'
+    plans computed from hostvars): what the verifier on the router's host checks."""
+    if not plan["cluster"]["multi_host"]:
+        return plan
+    plans = {h: (plan if h == plan["host"] else pdnode_plan(hostvars[h], h, hostvars)) for h in plan["cluster"]["hosts"]}
+    return layout_view(plans, plan["host"])
+
+
 class FilterModule:
     def filters(self):
-        return {"pdnode_plan": pdnode_plan}
+        return {"pdnode_plan": pdnode_plan, "pdnode_layout_view": pdnode_layout_view}

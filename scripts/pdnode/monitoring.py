@@ -234,7 +234,8 @@ def scrape_config(plan: dict[str, Any], *, node_exporter: str = NODE_EXPORTER_AD
     configs: list[dict[str, Any]] = []
     for role in ENGINE_ROLES:
         by_form: dict[tuple[str, str], list[tuple[str, dict[str, str]]]] = {}
-        for service in (s for s in engine_services(plan) if s["role"] == role):
+        # node rank >= 1 of an instance spanning hosts serves no HTTP (url None)
+        for service in (s for s in engine_services(plan) if s["role"] == role and s["url"] is not None):
             scheme, address, path = _target(service["url"], f"services.{service['id']}.url", "/metrics")
             by_form.setdefault((scheme, path), []).append(
                 (address, {**host, "pdnode_service": service["id"], "pdnode_unit": service["unit"]}))
@@ -243,10 +244,11 @@ def scrape_config(plan: dict[str, Any], *, node_exporter: str = NODE_EXPORTER_AD
                                     f"({sorted(by_form)}); one scrape job needs one form")
         for (scheme, path), targets in by_form.items():
             configs.append(_static(scheme, path, jobs[role], targets))
-    router = plan["services"]["router"]
-    scheme, address, path = _target(router["metrics_url"], "services.router.metrics_url", "")
-    configs.append(_static(scheme, path, jobs["router"],
-                           [(address, {**host, "pdnode_service": router["id"], "pdnode_unit": router["unit"]})]))
+    router = plan["services"].get("router")  # only on the host that runs it
+    if router is not None:
+        scheme, address, path = _target(router["metrics_url"], "services.router.metrics_url", "")
+        configs.append(_static(scheme, path, jobs["router"],
+                               [(address, {**host, "pdnode_service": router["id"], "pdnode_unit": router["unit"]})]))
     configs.append(_static("http", "/metrics", jobs["node"], [(node_exporter, host)]))
     if "dcgm" in jobs:
         dcgm_exporter = _address(dcgm_exporter, "monitoring_dcgm_exporter_listen_address",

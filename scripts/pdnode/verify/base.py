@@ -192,7 +192,11 @@ def num(x: float | None, spec: str = "g") -> str:
 
 def unit_hint(ctx: Ctx, what: str) -> str:
     """How to look at a service's unit: WHAT is an instance id ("prefill-1") or "router"."""
-    unit = next((i.unit for i in ctx.t.instances if i.id == what), None)
+    inst = next((i for i in ctx.t.instances if i.id == what), None)
+    if inst is not None and inst.host:
+        return (f"is {inst.host} up and reachable from here (network, its firewall's peers)? on {inst.host}: "
+                f"systemctl status <prefix>-{what}; journalctl -u <prefix>-{what} -n 100")
+    unit = inst.unit if inst is not None else None
     if unit is None and what == "router":
         unit = next((u for u in ctx.run.expect.units if u.endswith("-router.service")), None)
     if unit and ctx.t.on_node:

@@ -33,7 +33,7 @@ def check_bootstrap(ctx: Ctx, iid: str) -> Result:
     why = port_open(p.hostname or "127.0.0.1", p.port or 8998, timeout_s=min(3.0, ctx.limit()))
     ctx.reached[root_of(url)] = why is None
     if why is not None:
-        return Result(FAIL, f"{iid} bootstrap {p.netloc}: {why}",
+        return Result(FAIL, f"{iid}{inst.where} bootstrap {p.netloc}: {why}",
                       f"{iid}'s bootstrap server is not listening: decode cannot find its ranks and PD requests "
                       f"routed to it hang or fail; check its disaggregation_bootstrap_port and its log: "
                       f"{unit_hint(ctx, iid)}")
@@ -75,7 +75,7 @@ def check_engine(ctx: Ctx, iid: str) -> Result:
                       f"run on the node, or tunnel it and pass --instance-url {iid}=URL")
     health = ctx.get(base + "/health", auth=False)
     if not health.reached:
-        return Result(FAIL, f"{iid} {base}/health: {health.short()}", conn_hint(health, iid, ctx, iid))
+        return Result(FAIL, f"{iid}{inst.where} {base}/health: {health.short()}", conn_hint(health, iid, ctx, iid))
     if not health.ok:
         return Result(FAIL, f"{iid} {base}/health: {health.short()}",
                       f"{iid} answers but is not healthy (503 while loading the model; a dead peer makes "
@@ -98,7 +98,7 @@ def check_engine(ctx: Ctx, iid: str) -> Result:
                 "served_model_name": ctx.run.expect.served_model_name}
     diffs = [f"{k} {got[k]!r} (plan {expected[k]!r})" for k in expected if got[k] != expected[k]]
     version = info.get("version")
-    evidence = (f"{iid} {base}: /health OK; mode {got['disaggregation_mode']}, tp {got['tp_size']}, "
+    evidence = (f"{iid}{inst.where} {base}: /health OK; mode {got['disaggregation_mode']}, tp {got['tp_size']}, "
                 f"attn-DP {got_dp}, model {got['served_model_name']!r}" + (f", SGLang {version}" if version else ""))
     if diffs:
         return Result(FAIL, f"{iid} {base}: /server_info disagrees with the plan: " + "; ".join(diffs),

@@ -116,10 +116,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ..inventory import InventoryError, inventory_variables, load_inventory
     from ..plan import PlanError, build_plan
 
+    from ..cluster import layout_view
+
     try:
         hv = load_inventory(args.inventory, args.host)
         peers = inventory_variables(args.inventory)
         plan = build_plan(hv.variables, hv.host, peers)
+        if plan.cluster["multi_host"] and "router" not in plan.services:
+            return _cannot_run(args, f"{hv.host} does not run the router of its layout: verify from "
+                                     f"{plan.cluster['router']['host']} (--host {plan.cluster['router']['host']})")
+        # the layout's every engine, as each host plans it
+        plans = {h: build_plan(peers[h], h, peers).as_dict() for h in plan.cluster["hosts"]}
     except InventoryError as exc:
         return _cannot_run(args, str(exc))
     except PlanError as exc:
@@ -128,7 +135,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     conn = str(hv.variables.get("ansible_connection") or "")
     address = None if conn == "local" else hv.variables.get("ansible_host")
     # The inventory, not an address, says whether this machine is the node.
-    return run_with_plan(plan.as_dict(), args, node_address=str(address) if address else None,
+    return run_with_plan(layout_view(plans, hv.host), args, node_address=str(address) if address else None,
                          api_key_file=plan.settings.get("pdnode_api_key_file"), on_node=conn == "local")
 
 

@@ -43,6 +43,12 @@ class Instance:
     tp_size: int
     attn_dp_size: int
     dp_size: int  # DP replicas (1: none)
+    host: str | None = None  # the inventory host it runs on, when not the verifier's own (several hosts)
+
+    @property
+    def where(self) -> str:
+        """" on <host>" for an instance on another host of the layout (evidence names it)."""
+        return f" on {self.host}" if self.host else ""
 
     @property
     def ranks(self) -> int:
@@ -233,11 +239,13 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
         url = url_for.get(e["id"]) or (plan_url if on_node else None)
         b_url = boot_for.get(e["id"]) or (f"http://{url_host(host)}:{boot_port}"
                                           if on_node and boot_port is not None else None)
+        remote = e.get("host") not in (None, plan.get("host"))  # another host of a layout spanning hosts
         instances.append(Instance(
-            id=e["id"], role=e["role"], unit=str(e["unit"]) if e.get("unit") else None, url=url,
+            id=e["id"], role=e["role"], unit=str(e["unit"]) if e.get("unit") and not remote else None, url=url,
             bootstrap_url=b_url if e["role"] == "prefill" else None, bootstrap_port=boot_port,
             router_url=plan_url, bootstrap_host=host, tp_size=_int(args, "tp_size", 1),
-            attn_dp_size=_int(args, "attn_dp_size", 1), dp_size=_int(args, "dp_size", 1)))
+            attn_dp_size=_int(args, "attn_dp_size", 1), dp_size=_int(args, "dp_size", 1),
+            host=str(e["host"]) if remote else None))
     targets = Targets(base_url=(base_url or router_root).rstrip("/"), router_url=router_root,
                       router_metrics_url=m_url, on_node=on_node, instances=tuple(instances))
 
