@@ -23,9 +23,12 @@ LAYOUT_VARIABLES = (
     "pdnode_prefill_instances", "pdnode_decode_instances", "pdnode_router_node", "pdnode_router_port",
     "pdnode_service_prefix", "pdnode_model_served_name", "pdnode_engine", "pdnode_transfer_backend",
 )
-# Listeners other than the plan's fixed ports, reached by peers: SGLang's ZMQ rank ports
-# and Mooncake's transfer and RPC ports are chosen by the kernel from its ephemeral range
-# (net.ipv4.ip_local_port_range, 32768-60999 by default). The firewall guards it too.
+# Listeners other than the plan's fixed ports, reached by peers; the firewall guards
+# them too. Mooncake's RPC and TCP transport ports: random in 15000-17000 (its
+# rpc_min_port/rpc_max_port, config.h; MC_MIN_RPC_PORT/MC_MAX_RPC_PORT move them);
+# SGLang's ZMQ rank ports: the kernel's ephemeral range (net.ipv4.ip_local_port_range,
+# 32768-60999 by default).
+MOONCAKE_PORTS = (15000, 17000)
 EPHEMERAL_PORTS = (32768, 60999)
 
 
@@ -146,7 +149,7 @@ def firewall(layout: Layout, services: dict[str, dict[str, Any]], ports: dict[st
         "enabled": True,
         "peers": sorted(a for h, a in layout.hosts.items() if h != layout.host),
         "tcp_ports": [p for p in guarded if p not in public],
-        "tcp_port_ranges": [list(EPHEMERAL_PORTS)],
+        "tcp_port_ranges": [list(MOONCAKE_PORTS), list(EPHEMERAL_PORTS)],
         "public_tcp_ports": public,
     }
 
