@@ -4,10 +4,18 @@ judged by SGLang 0.5.23's own validation: the per-node ServerArgs the plan rende
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
 import pytest
 from sglang_cases import DEEPSEEK_V3_TINY, with_
 
+from pdnode.inventory import load_inventory
+from pdnode.plan import build_plan
+
 pytestmark = pytest.mark.conformance
+
+PAIR = Path(__file__).resolve().parents[2] / "inventories" / "gpu-pair"
 
 DIST_INIT_ADDR = "10.0.0.2:32000"
 NODE_ADDRESSES = ("10.0.0.2", "10.0.0.3")  # hosts[0] (dist_init_addr's host), hosts[1]
@@ -39,6 +47,31 @@ def spanning(role: str, node_rank: int, attn_dp: bool = True) -> dict:
     return args
 
 
+def plan_decode_args() -> dict[str, dict]:
+    """The decode's ServerArgs as build_plan renders them on each host of inventories/gpu-pair
+    changed to one decode of TP 16 (attention DP 16, EP 16) over gpu01 and gpu02 (GPUs 0-7 on
+    each) and a prefill on gpu01's GPUs 8-15 (16-GPU hosts: both instances fit)."""
+    peers = {}
+    for host, address in zip(("gpu01", "gpu02"), NODE_ADDRESSES):
+        v = copy.deepcopy(load_inventory(PAIR, host).variables)
+        v.update(pdnode_gpu_count=16, pdnode_transfer_backend="mooncake_tcp", pdnode_node_address=address,
+                 pdnode_prefill_instances=[{"hosts": ["gpu01"], "gpus": list(range(8, 16)), "tp_size": 8}],
+                 pdnode_decode_instances=[{
+                     "hosts": ["gpu01", "gpu02"], "gpus": list(range(8)), "tp_size": 16, "attn_dp_size": 16,
+                     "ep_size": 16, "moe_dense_tp_size": 1, "enable_dp_lm_head": True,
+                     "dist_init_port": int(DIST_INIT_ADDR.rsplit(":", 1)[1])}])
+        v.pop("pdnode_ib_devices", None)  # no RDMA devices here (mooncake_tcp)
+        peers[host] = v
+    out = {}
+    for host in peers:
+        (decode,) = [s for s in build_plan(peers[host], host, peers).services.values() if s["role"] == "decode"]
+        args = dict(decode["args"], model_path=DEEPSEEK_V3_TINY)  # the tiny model of the same kind
+        out[PLAN_CASE.format(args["node_rank"])] = args
+    return out
+
+
+PLAN_CASE = "plan-decode-tp16-over-2-hosts-rank{}"
+# hand-written variants of the plan's rendering: without attention DP, and a prefill
 ACCEPTED = {
     f"{name}-rank{rank}": spanning(role, rank, attn_dp)
     for name, role, attn_dp in (
@@ -73,18 +106,33 @@ NOT_CAUGHT = {
 
 
 @pytest.fixture(scope="module")
-def verdicts(sglang_check_many):
-    cases = dict(ACCEPTED)
+def plan_args():
+    return plan_decode_args()
+
+
+@pytest.fixture(scope="module")
+def verdicts(sglang_check_many, plan_args):
+    cases = dict(plan_args)
+    cases.update(ACCEPTED)
     cases.update({name: args for name, (args, _) in REJECTED.items()})
     cases.update(NOT_CAUGHT)
     return sglang_check_many(cases)
 
 
-@pytest.mark.parametrize("case", list(ACCEPTED))
+@pytest.mark.parametrize("case", [PLAN_CASE.format(0), PLAN_CASE.format(1), *ACCEPTED])
 def test_accepted(verdicts, case):
     accepted, message = verdicts[case]
     assert accepted, message
     assert message == f"OK: {case}.json accepted by SGLang 0.5.23"
+
+
+@pytest.mark.parametrize("node_rank", [0, 1])
+def test_the_plan_renders_what_the_cases_assume(plan_args, node_rank):
+    """The hand-written cases above stand for the plan's rendering: same multi-node fields."""
+    plan = plan_args[PLAN_CASE.format(node_rank)]
+    hand = spanning("decode", node_rank)
+    keys = ("nnodes", "node_rank", "dist_init_addr", "host", "tp_size", "attn_dp_size", "ep_size", "base_gpu_id")
+    assert {k: plan.get(k) for k in keys} == {k: hand[k] for k in keys}
 
 
 @pytest.mark.parametrize("case", list(REJECTED))
