@@ -531,7 +531,6 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
     everywhere = _cluster(v, engines, layout)
     if layout.router_host == host:
         services["router"] = _router_service(v, everywhere["engines"], install, key, layout)
-        everywhere["router"]["metrics_url"] = services["router"]["metrics_url"]
     return Plan(host=host, install=install, services=services, ports=ports, settings=_settings(v, engines, layout.multi_host),
                 cluster=everywhere, firewall=cluster.firewall(layout, services, ports), warnings=warnings)
 
@@ -556,8 +555,7 @@ def _cluster(v: dict[str, Any], engines: list[Instance], layout: cluster.Layout)
         "multi_host": layout.multi_host,
         "hosts": {h: {"address": a, "services": [i.id for i in engines if h in i.hosts]
                       + (["router"] if h == layout.router_host else [])} for h, a in layout.hosts.items()},
-        "router": {"host": layout.router_host,
-                   "url": f"http://{_url_host(router_address)}:{v['pdnode_router_port']}", "metrics_url": None},
+        "router": {"host": layout.router_host, "url": f"http://{_url_host(router_address)}:{v['pdnode_router_port']}"},
         "engines": instances,
     }
 

@@ -1,0 +1,184 @@
+"""One layout over three hosts (inventories/demo-cluster), checked from outside and
+across the hosts after converge and idempotence.
+
+Proves (issue 12): each host runs only its part; the router on its own host registers
+and serves the workers on the other hosts (a real completion from a fourth container);
+the firewall admits the layout's peers to the engines' ports and drops everyone else
+(the router's port stays public); `playbooks/verify.yml` passes across the hosts and a
+no-change re-run changes nothing; a kill -9 of the remote decode is repaired by systemd
+and the node serves again; with the decode host cut off the network, verify fails
+naming that host, and once it is back the node serves and verifies again. The times
+are printed (`pytest -s`, the molecule log) and recorded in docs/measurements.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import testinfra
+
+REPO = Path(__file__).resolve().parents[3]
+INVENTORY = REPO / "inventories" / "demo-cluster"
+NETWORK = "pdnode-cluster"
+ADDRESS = {"pd-prefill": "172.28.61.11", "pd-decode": "172.28.61.12", "pd-router": "172.28.61.13"}
+ROUTER = f"http://{ADDRESS['pd-router']}:8000"
+PREFIX = "sglang-pd"
+KEY = (REPO / "molecule" / "node" / "files" / "test-api-key").read_text().strip()
+RUNS = {"pd-prefill": [f"{PREFIX}-prefill-0.service"], "pd-decode": [f"{PREFIX}-decode-0.service"],
+        "pd-router": [f"{PREFIX}-router.service"]}
+
+
+def on(name: str):
+    return testinfra.get_host(f"docker://{name}")
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
+    env["PATH"] = f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}"
+    env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
+    return env
+
+
+def playbook(path: str, *extra: str, timeout: int = 900) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run(["ansible-playbook", "-i", str(INVENTORY), str(REPO / path), *extra], cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=timeout)
+    return proc, time.monotonic() - t0
+
+
+def recap(stdout: str) -> dict[str, dict[str, int]]:
+    out = {}
+    for host, counts in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", stdout, re.M):
+        out[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", counts)}
+    return out
+
+
+def connect(src: str, address: str, port: int, timeout_s: float = 3.0) -> str:
+    """What a TCP connect from container SRC meets: open, refused or timeout."""
+    code = ("import socket\n"
+            f"s = socket.socket(); s.settimeout({timeout_s})\n"
+            f"try:\n    s.connect(({address!r}, {port})); print('open')\n"
+            "except socket.timeout:\n    print('timeout')\n"
+            "except ConnectionRefusedError:\n    print('refused')\n"
+            "except OSError as e:\n    print('error', e.errno)\n")
+    return on(src).check_output(f"python3 -c {json.dumps(code)}")
+
+
+def completion(src: str = "outsider", key: str | None = KEY, timeout_s: int = 20) -> tuple[int, str]:
+    body = {"model": "demo-moe", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+    cmd = f"curl -sS --max-time {timeout_s} -w '\\n%{{http_code}}' -H 'Content-Type: application/json' "
+    if key:
+        cmd += f"-H 'Authorization: Bearer {key}' "
+    result = on(src).run(cmd + f"-d '{json.dumps(body)}' {ROUTER}/v1/chat/completions")
+    if result.rc != 0:
+        return 0, result.stderr
+    text, _, code = result.stdout.rpartition("\n")
+    return int(code), text
+
+
+def serves_again(deadline_s: float) -> float:
+    """Seconds until a completion through the router succeeds again (fails at the deadline)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        status, _ = completion(timeout_s=10)
+        if status == 200:
+            return time.monotonic() - t0
+        time.sleep(1)
+    pytest.fail(f"the node did not serve again within {deadline_s:.0f} s")
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_each_host_runs_only_its_part(name):
+    host = on(name)
+    for unit in RUNS[name]:
+        assert host.service(unit).is_running, unit
+    others = {u for h, units in RUNS.items() if h != name for u in units}
+    for unit in others:
+        assert not host.file(f"/etc/systemd/system/{unit}").exists, f"{unit} rendered on {name}"
+    assert host.service(f"{PREFIX}-firewall.service").is_running
+
+
+def test_workers_listen_on_their_hosts_address_only():
+    assert on("pd-prefill").socket(f"tcp://{ADDRESS['pd-prefill']}:30000").is_listening
+    assert on("pd-prefill").socket(f"tcp://{ADDRESS['pd-prefill']}:8998").is_listening
+    assert on("pd-decode").socket(f"tcp://{ADDRESS['pd-decode']}:30001").is_listening
+    assert not on("pd-prefill").socket("tcp://0.0.0.0:30000").is_listening
+
+
+def test_a_client_elsewhere_is_served_through_the_router_with_the_key_only():
+    status, text = completion()
+    assert status == 200, text
+    answer = json.loads(text)["choices"][0]["message"]["content"]
+    assert answer.strip(), text
+    status, _ = completion(key=None)
+    assert status == 401
+
+
+def test_the_firewall_admits_peers_and_drops_everyone_else():
+    # the outsider: the router's port only
+    assert connect("outsider", ADDRESS["pd-router"], 8000) == "open"
+    for name, port in (("pd-prefill", 30000), ("pd-prefill", 8998), ("pd-decode", 30001)):
+        assert connect("outsider", ADDRESS[name], port) == "timeout", f"outsider reached {name}:{port}"
+    # the peers: the engines' ports
+    assert connect("pd-router", ADDRESS["pd-prefill"], 30000) == "open"
+    assert connect("pd-decode", ADDRESS["pd-prefill"], 8998) == "open"
+    assert connect("pd-router", ADDRESS["pd-decode"], 30001) == "open"
+
+
+def test_verify_passes_across_hosts_and_a_rerun_changes_nothing():
+    proc, took = playbook("playbooks/verify.yml")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    report = json.loads((REPO / ".cache" / "verify" / "pd-router.json").read_text())
+    ids = {c["id"]: c["status"] for c in report["checks"]}
+    assert ids["prefill-0"] == "PASS" and ids["decode-0"] == "PASS" and ids["completion"] == "PASS", ids
+    assert ids["disaggregation.prefill-0"] == "PASS" and ids["disaggregation.decode-0"] == "PASS", ids
+    rerun, rerun_took = playbook("molecule/cluster/converge.yml")
+    assert rerun.returncode == 0, rerun.stdout[-3000:]
+    counts = recap(rerun.stdout)
+    assert set(counts) == set(RUNS), counts
+    assert all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), counts
+    print(f"\nthree-host cluster: verify {took:.0f} s; no-change re-run (firewall, deploy, verify) "
+          f"{rerun_took:.0f} s")
+
+
+def test_kill_9_of_the_remote_decode_is_repaired():
+    decode = on("pd-decode")
+    unit = RUNS["pd-decode"][0]
+    pid = decode.check_output(f"systemctl show -p MainPID --value {unit}")
+    assert pid != "0"
+    t0 = time.monotonic()
+    decode.run(f"kill -9 {pid}")
+    back = serves_again(120)
+    new = decode.check_output(f"systemctl show -p MainPID --value {unit}")
+    assert new not in ("0", pid)
+    print(f"\nkill -9 of decode-0 on pd-decode: serving again after {time.monotonic() - t0:.0f} s "
+          f"(first good completion {back:.0f} s after the kill)")
+
+
+def _docker(*args: str) -> None:
+    subprocess.run(["docker", *args], check=True, capture_output=True, text=True, timeout=60)
+
+
+def test_verify_names_the_unreachable_host_and_the_node_recovers_when_it_is_back():
+    _docker("network", "disconnect", NETWORK, "pd-decode")
+    try:
+        proc, took = playbook("playbooks/verify.yml", "-e", "verify_skip_burst=true")
+        assert proc.returncode != 0, "verify passed with the decode host cut off"
+        report = json.loads((REPO / ".cache" / "verify" / "pd-router.json").read_text())
+        failed = [c for c in report["checks"] if c["status"] == "FAIL"]
+        decode = next((c for c in failed if c["id"] == "decode-0"), None)
+        assert decode is not None, [c["id"] for c in failed]
+        assert "on pd-decode" in decode["evidence"], decode
+        print(f"\ndecode host cut off: verify failed in {took:.0f} s naming it: {decode['evidence']}")
+    finally:
+        _docker("network", "connect", "--ip", ADDRESS["pd-decode"], NETWORK, "pd-decode")
+    back = serves_again(180)
+    proc, took = playbook("playbooks/verify.yml", "-e", "verify_skip_burst=true")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    print(f"decode host back: serving after {back:.0f} s, verify passed in {took:.0f} s")
