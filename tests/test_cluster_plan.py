@@ -89,13 +89,13 @@ def test_an_instance_spanning_hosts_is_rendered_per_node_rank(pair):
     assert (rank0["args"]["node_rank"], rank1["args"]["node_rank"]) == (0, 1)
     assert rank0["args"]["dist_init_addr"] == rank1["args"]["dist_init_addr"] == "10.20.0.12:32100"
     assert rank1["args"]["host"] == "10.20.0.13" and rank1["args"]["base_gpu_id"] == 0
-    # SGLang serves HTTP on node rank 0 only: the router and readiness gate know it
-    assert rank0["url"] == "http://10.20.0.12:30001" and rank0["ready"]
-    assert rank1["url"] is None and rank1["ready"] == [] and "--watchdog-url" not in rank1["exec"]
+    # the API is node rank 0's; rank 1 answers only SGLang's dummy /health (its readiness)
+    assert rank0["url"] == "http://10.20.0.12:30001"
+    assert rank1["url"] is None and rank1["ready"] == ["http://10.20.0.13:30001/health"]
     assert p["gpu02"]["services"]["router"]["args"]["decode"] == ["http://10.20.0.12:30001"]
     assert "router" not in p["gpu03"]["services"]
     # the rank-0 host guards the rendezvous and the ports SGLang derives from it
-    assert {32100, 32101, 32107} <= set(p["gpu02"]["firewall"]["tcp_ports"])
+    assert {32100, 32101, 32106, 32113} <= set(p["gpu02"]["firewall"]["tcp_ports"])
     assert p["gpu03"]["firewall"]["peers"] == ["10.20.0.11", "10.20.0.12"]
 
 

@@ -151,7 +151,8 @@ def _explain_host(plan: Plan) -> None:
     for s in plan.engines():
         a = s["args"]
         if s["url"] is None:
-            listens = f"- (node rank {a['node_rank']} of {a['nnodes']}; joins {a['dist_init_addr']})"
+            listens = f"{a['host']}:{a['port']} (health; node rank {a['node_rank']} of {a['nnodes']}, joins " \
+                      f"{a['dist_init_addr']})"
         else:
             listens = f"{a['host']}:{a['port']} (HTTP)"
         if s["role"] == "prefill" and s["url"] is not None:
@@ -160,7 +161,7 @@ def _explain_host(plan: Plan) -> None:
             listens += f", :{a['port'] + 233}-{a['port'] + 239} (internal)"
         if a.get("node_rank") == 0:
             port = int(a["dist_init_addr"].rsplit(":", 1)[1])
-            listens += f", :{port}-{port + 7} (rendezvous of {a['nnodes']} hosts)"
+            listens += f", :{port} (rendezvous of {a['nnodes']} hosts; SGLang derives +1..+6 and +13)"
         if "nccl_port" in a:
             listens += f", :{a['nccl_port']} (NCCL)"
         rows.append((s["id"], s["unit"], _gpus(s["gpus"]), _parallelism(a), listens))

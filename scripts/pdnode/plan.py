@@ -506,8 +506,10 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         args = _server_args(v, inst, inst.bootstrap_port if inst.role == "prefill" else first_bootstrap, ib_map,
                             layout)
         base = f"http://{_url_host(args['host'])}"
-        serves = args.get("node_rank", 0) == 0  # SGLang serves HTTP on node rank 0 only
-        ready = [f"{base}:{inst.port}/health"] if serves else []
+        # Node rank 0 serves the API; a rank >= 1 of an instance spanning hosts serves only
+        # SGLang's dummy health server on the same port (200 once its schedulers run).
+        serves = args.get("node_rank", 0) == 0
+        ready = [f"{base}:{inst.port}/health"]
         svc: dict[str, Any] = {
             "id": inst.id, "role": inst.role, "name": inst.name, "unit": f"{prefix}-{inst.id}.service",
             "host": host, "config": f"{config_dir}/{inst.id}.json", "env_file": f"{config_dir}/{inst.id}.env",
@@ -523,9 +525,8 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         svc["ready"] = ready
         # --watchdog-url: the launcher's sidecar feeds systemd's watchdog from /health
         # (only when the unit sets WatchdogSec=).
-        watch = ["--watchdog-url", ready[0]] if ready else []
         svc["exec"] = [install["python"], "-m", "pdnode.launcher", "--engine", install["engine"],
-                       *watch, svc["config"], *key]
+                       "--watchdog-url", ready[0], svc["config"], *key]
         services[inst.id] = svc
     _couple(services, env_common, coupled=not layout.multi_host)
     everywhere = _cluster(v, engines, layout)

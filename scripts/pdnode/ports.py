@@ -20,9 +20,11 @@ from .instances import Instance
 
 # With DP attention and no --dist-init-addr, SGLang binds port+233 .. port+239 itself.
 DP_ATTENTION_OFFSETS = range(233, 240)
-# An instance spanning hosts: rank 0 listens on dist_init_port and SGLang's PortArgs
-# derives the node's ZMQ ports from the ports after it.
-DIST_INIT_OFFSETS = range(1, 8)
+# An instance spanning hosts: rank 0 listens on dist_init_port (torch's store), and with
+# DP attention SGLang's PortArgs takes +1..+6 (tokenizer, detokenizer, rpc, metrics,
+# scheduler input, load collector) and +13 (the worker-port handshake the other node
+# ranks connect to; data_parallel_controller.py). docs/multi-host.md has the table.
+DIST_INIT_OFFSETS = (1, 2, 3, 4, 5, 6, 13)
 BASES = {  # kind -> (first port, stride)
     ("prefill", "port"): (30000, 10),
     ("decode", "port"): (30001, 10),
