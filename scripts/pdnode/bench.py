@@ -264,8 +264,10 @@ def counters_local(plan: Mapping[str, Any]) -> Callable[[], tuple[dict[str, Any]
     return lambda: (snapshot(plan), None)
 
 
-def counters_ansible(inventory: Path, host: str, workdir: Path) -> Callable[[], tuple[dict[str, Any] | None, str | None]]:
-    """Reads them on the host through playbooks/bench.yml (the project's ansible-playbook)."""
+def counters_ansible(inventory: Path, hosts: list[str], workdir: Path) -> Callable[[], tuple[dict[str, Any] | None,
+                                                                                          str | None]]:
+    """Reads them on the hosts (every host of a layout spanning several) through
+    playbooks/bench.yml (the project's ansible-playbook); one snapshot of them all."""
     ansible_playbook = Path(sys.executable).parent / "ansible-playbook"
     playbook = REPO / "playbooks" / "bench.yml"
 
@@ -273,7 +275,7 @@ def counters_ansible(inventory: Path, host: str, workdir: Path) -> Callable[[], 
         if not os.access(ansible_playbook, os.X_OK):
             return None, f"ansible-playbook is not installed next to {sys.executable} (scripts/setup)"
         out_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="counters-"))
-        argv = [str(ansible_playbook), str(playbook), "-i", str(inventory), "--limit", host,
+        argv = [str(ansible_playbook), str(playbook), "-i", str(inventory), "--limit", ",".join(hosts),
                 "-e", json.dumps({"bench_counters_dir": str(out_dir)})]
         env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
         env["PATH"] = f"{ansible_playbook.parent}{os.pathsep}{env.get('PATH', '')}"
@@ -282,11 +284,14 @@ def counters_ansible(inventory: Path, host: str, workdir: Path) -> Callable[[], 
                                   timeout=COUNTERS_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
             return None, f"playbooks/bench.yml did not finish in {COUNTERS_TIMEOUT_S:.0f} s"
-        got = out_dir / f"{host}.json"
-        if proc.returncode != 0 or not got.is_file():
+        got = [out_dir / f"{host}.json" for host in hosts]
+        if proc.returncode != 0 or not all(g.is_file() for g in got):
             tail = " | ".join(line.strip() for line in proc.stdout.splitlines()[-6:] if line.strip())
             return None, f"playbooks/bench.yml failed (exit {proc.returncode}): {tail[-600:]}"
-        return json.loads(got.read_text()), None
+        snaps = [json.loads(g.read_text()) for g in got]
+        merged = dict(snaps[0])
+        merged["instances"] = {iid: inst for snap in snaps for iid, inst in snap["instances"].items()}
+        return merged, None
 
     return read
 
@@ -326,10 +331,18 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], str
     from .plan import PlanError, build_plan
 
     try:
-        hv = load_inventory(args.inventory, args.host)
         peers = inventory_variables(args.inventory)
+        # Several hosts and no --host: the one that runs the router of the layout
+        host = args.host or (next(iter(peers)) if len(peers) == 1 else None)
+        if host is None:
+            first = next(iter(peers))
+            host = build_plan(peers[first], first, peers).cluster["router"]["host"]
+        hv = load_inventory(args.inventory, host)
     except InventoryError as exc:
         raise BenchError(str(exc)) from None
+    except PlanError as exc:
+        raise BenchError("the inventory is invalid (run `pdnode check`): "
+                         + "; ".join(str(p) for p in exc.problems), EXIT_BAD) from None
     try:
         plan = build_plan(hv.variables, hv.host, peers).as_dict()
     except PlanError as exc:
@@ -381,7 +394,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="pdnode-bench-") as tmp:
         work = Path(tmp)
-        read_counters = counters_local(plan) if local else counters_ansible(inventory, host, work)
+        read_counters = counters_local(plan) if local else counters_ansible(inventory, list(plan["cluster"]["hosts"]),
+                                                                             work)
         stub = work / "stubs" / "datasets"
         stub.mkdir(parents=True)
         (stub / "__init__.py").write_text(_DATASETS_STUB)

@@ -40,7 +40,10 @@ def engine_services(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
     services = plan.get("services")
     if not isinstance(services, Mapping):
         raise ValueError("the plan has no services (is it Plan.as_dict() of pdnode >= the N+M shape?)")
-    return [s for s in services.values() if isinstance(s, Mapping) and s.get("role") in ("prefill", "decode")]
+    # A node rank >= 1 of an instance spanning hosts (url None) serves no API: its node
+    # rank 0 counts the instance's work.
+    return [s for s in services.values() if isinstance(s, Mapping) and s.get("role") in ("prefill", "decode")
+            and s.get("url")]
 
 
 def counters_from_text(text: str) -> dict[str, list[list[Any]]]:
