@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -67,7 +68,7 @@ def connect(src: str, address: str, port: int, timeout_s: float = 3.0) -> str:
             "except socket.timeout:\n    print('timeout')\n"
             "except ConnectionRefusedError:\n    print('refused')\n"
             "except OSError as e:\n    print('error', e.errno)\n")
-    return on(src).check_output(f"python3 -c {json.dumps(code)}")
+    return on(src).check_output(f"python3 -c {shlex.quote(code)}")
 
 
 def completion(src: str = "outsider", key: str | None = KEY, timeout_s: int = 20) -> tuple[int, str]:
