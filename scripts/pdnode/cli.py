@@ -100,6 +100,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     plan = _plan_or_exit(args)
+    if args.role == "router-argv" and "router" not in plan.services:
+        print(f"pdnode: {plan.host} does not run the router of its layout ({plan.cluster['router']['host']} does: "
+              f"--host {plan.cluster['router']['host']})", file=sys.stderr)
+        return EXIT_CANNOT_RUN
     if args.role == "router-argv":
         print(json.dumps(plan.router_argv(), indent=2))
     elif args.role == "plan":

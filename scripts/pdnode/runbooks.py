@@ -239,6 +239,11 @@ def _render_host(inventory: str, host: str) -> dict[str, str]:
         raise RunbookError(f"{inventory}: host {host}: {first}" + (f" [{where}]" if where else "")
                            + (f" (and {more} more: `pdnode check {inventory} --host {host}` lists them)" if more else "")
                            ) from None
+    if plan.cluster["multi_host"]:
+        # The pages describe one host that runs its router and every engine; a host of a
+        # layout spanning hosts needs pages that say which peer runs what (not written yet).
+        raise RunbookError(f"{inventory}: host {host} is one of the {len(plan.cluster['hosts'])} hosts of one layout; "
+                           "the runbooks cover one-host nodes only so far (docs/scaling.md)")
     conn = hv.variables.get("ansible_connection")
     address = hv.variables.get("ansible_host") if conn not in ("local", "community.docker.docker") else None
     return render_runbooks(plan.as_dict(), inventory, str(address) if address else None, hv.sources)
