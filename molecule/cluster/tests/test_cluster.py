@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -146,6 +147,55 @@ def test_verify_passes_across_hosts_and_a_rerun_changes_nothing():
     assert all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), counts
     print(f"\nthree-host cluster: verify {took:.0f} s; no-change re-run (firewall, deploy, verify) "
           f"{rerun_took:.0f} s")
+
+
+def _env_for_pdnode() -> dict:
+    env = _env()
+    env["ANSIBLE_NOCOLOR"] = "1"
+    return env
+
+
+def test_collect_gathers_every_host_of_the_layout(tmp_path):
+    t0 = time.monotonic()
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "pdnode"), "collect", str(INVENTORY), "--out", str(tmp_path)],
+                          cwd=REPO, env=_env_for_pdnode(), capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    (bundle,) = tmp_path.glob("*.tar.gz")
+    with tarfile.open(bundle) as tar:
+        root = bundle.name.removesuffix(".tar.gz")
+        manifest = json.loads(tar.extractfile(f"{root}/MANIFEST.json").read())
+        names = set(tar.getnames())
+    assert sorted((h["host"], h["status"]) for h in manifest["hosts"]) == [
+        (h, "collected") for h in sorted(RUNS)]
+    for name, units in RUNS.items():
+        for unit in units:
+            assert f"{root}/{name}/journal/{unit}.txt" in names, (name, unit)
+    print(f"\npdnode collect over three hosts: {took:.1f} s")
+
+
+def test_bench_drives_the_router_host_and_counts_work_on_every_host(tmp_path):
+    # pdnode bench refuses a key file others can read (git checks it out 0644): a private copy
+    inv = tmp_path / "inv"
+    (inv / "host_vars").mkdir(parents=True)
+    (inv / "group_vars").symlink_to(INVENTORY / "group_vars")
+    (inv / "hosts.yml").write_text((INVENTORY / "hosts.yml").read_text())
+    key = tmp_path / "api-key"
+    key.write_text(KEY + "\n")
+    key.chmod(0o600)
+    for name in RUNS:
+        text = (INVENTORY / "host_vars" / f"{name}.yml").read_text()
+        (inv / "host_vars" / f"{name}.yml").write_text(text + f"pdnode_api_key_file: {key}\n")
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "pdnode"), "bench", str(inv), "--requests", "24",
+                           "--concurrency", "4", "--input-len", "128", "--output-len", "8", "--json", "--out", str(out)],
+                          cwd=REPO, env=_env_for_pdnode(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    report = json.loads(out.read_text())
+    assert report["host"] == "pd-router" and report["results"]["completed"] == 24
+    work = report["instances"]
+    assert work["prefill-0"]["requests"] == 24 and work["decode-0"]["requests"] == 24, work
+    assert report["notes"] == [], report["notes"]
 
 
 def test_kill_9_of_the_remote_decode_is_repaired():
