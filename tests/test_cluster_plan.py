@@ -15,6 +15,7 @@ from pdnode import cli
 from pdnode.cluster import layout_view
 from pdnode.inventory import inventory_variables
 from pdnode.plan import PlanError, build_plan
+from pdnode.verify.config import build_run
 
 PAIR = ROOT / "inventories" / "gpu-pair"
 
@@ -110,12 +111,21 @@ def test_a_spanning_instance_needs_gpus_for_its_tp_size_on_every_host(pair):
     assert "list 8 GPUs per host for decode-0, or set tp_size: 8" in line
 
 
-def test_the_verifier_on_the_router_host_sees_every_engine(pair):
+def test_the_verifier_on_any_host_sees_every_engine_and_the_router(pair):
     p = plans(pair)
     view = layout_view(p, "gpu02")
     assert list(view["services"]) == ["prefill-0", "prefill-1", "decode-0", "router"]
     assert view["services"]["prefill-0"]["host"] == "gpu01"
-    assert layout_view(p, "gpu01")["services"].keys() == {"prefill-0", "prefill-1", "decode-0"}
+    elsewhere = layout_view(p, "gpu01")
+    assert list(elsewhere["services"]) == ["prefill-0", "prefill-1", "decode-0", "router"]
+    # from gpu01 the router is reached at its public URL; its unit and loopback metrics are gpu02's
+    run = build_run(elsewhere, on_node=True)
+    assert run.targets.router_url == "http://10.20.0.12:8000" and run.targets.router_metrics_url is None
+    assert run.expect.units == ["sglang-pd-prefill-0.service", "sglang-pd-prefill-1.service"]
+    assert [i.host for i in run.targets.instances] == [None, None, "gpu02"]
+    here = build_run(view, on_node=True)
+    assert here.targets.router_metrics_url == "http://127.0.0.1:29000/metrics"
+    assert here.expect.units == ["sglang-pd-decode-0.service", "sglang-pd-router.service"]
 
 
 def test_check_explains_the_two_host_layout(capsys):

@@ -156,16 +156,16 @@ def firewall(layout: Layout, services: dict[str, dict[str, Any]], ports: dict[st
 
 def layout_view(plans: Mapping[str, Mapping[str, Any]], host: str) -> dict[str, Any]:
     """The plan of ``host`` with every engine instance of the layout in its services
-    (each as its first host plans it: where it serves HTTP), then the router: what the
-    verifier on the router's host checks. ``plans`` holds the plan of every host of the
-    layout (Plan.as_dict()). One host: its plan unchanged."""
+    (each as its first host plans it: where it serves HTTP), then the router (as its host
+    plans it): what the verifier on any host of the layout checks, each service marked
+    with the host it runs on. ``plans`` holds the plan of every host of the layout
+    (Plan.as_dict()). One host: its plan unchanged."""
     plan = dict(plans[host])
     if not plan["cluster"]["multi_host"]:
         return plan
     services: dict[str, Any] = {}
     for iid, entry in plan["cluster"]["engines"].items():
         services[iid] = plans[entry["hosts"][0]]["services"][iid]
-    if "router" in plan["services"]:
-        services["router"] = plan["services"]["router"]
+    services["router"] = plans[plan["cluster"]["router"]["host"]]["services"]["router"]
     plan["services"] = services
     return plan

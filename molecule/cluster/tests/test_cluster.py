@@ -155,6 +155,18 @@ def _env_for_pdnode() -> dict:
     return env
 
 
+def _inventory_with(tmp_path: Path, **variables) -> Path:
+    """inventories/demo-cluster with more variables on every host (host_vars)."""
+    inv = tmp_path / "inv"
+    (inv / "host_vars").mkdir(parents=True)
+    (inv / "group_vars").symlink_to(INVENTORY / "group_vars")
+    (inv / "hosts.yml").write_text((INVENTORY / "hosts.yml").read_text())
+    extra = "".join(f"{k}: {json.dumps(v)}\n" for k, v in variables.items())
+    for name in RUNS:
+        (inv / "host_vars" / f"{name}.yml").write_text((INVENTORY / "host_vars" / f"{name}.yml").read_text() + extra)
+    return inv
+
+
 def test_collect_gathers_every_host_of_the_layout(tmp_path):
     t0 = time.monotonic()
     proc = subprocess.run([str(REPO / ".venv" / "bin" / "pdnode"), "collect", str(INVENTORY), "--out", str(tmp_path)],
@@ -176,16 +188,10 @@ def test_collect_gathers_every_host_of_the_layout(tmp_path):
 
 def test_bench_drives_the_router_host_and_counts_work_on_every_host(tmp_path):
     # pdnode bench refuses a key file others can read (git checks it out 0644): a private copy
-    inv = tmp_path / "inv"
-    (inv / "host_vars").mkdir(parents=True)
-    (inv / "group_vars").symlink_to(INVENTORY / "group_vars")
-    (inv / "hosts.yml").write_text((INVENTORY / "hosts.yml").read_text())
     key = tmp_path / "api-key"
     key.write_text(KEY + "\n")
     key.chmod(0o600)
-    for name in RUNS:
-        text = (INVENTORY / "host_vars" / f"{name}.yml").read_text()
-        (inv / "host_vars" / f"{name}.yml").write_text(text + f"pdnode_api_key_file: {key}\n")
+    inv = _inventory_with(tmp_path, pdnode_api_key_file=str(key))
     out = tmp_path / "bench.json"
     proc = subprocess.run([str(REPO / ".venv" / "bin" / "pdnode"), "bench", str(inv), "--requests", "24",
                            "--concurrency", "4", "--input-len", "128", "--output-len", "8", "--json", "--out", str(out)],
@@ -196,6 +202,40 @@ def test_bench_drives_the_router_host_and_counts_work_on_every_host(tmp_path):
     work = report["instances"]
     assert work["prefill-0"]["requests"] == 24 and work["decode-0"]["requests"] == 24, work
     assert report["notes"] == [], report["notes"]
+
+
+def test_upgrade_switches_one_host_at_a_time_verifying_the_layout_from_each(tmp_path):
+    from pdnode.fields import BY_NAME
+
+    # A new release: another Mooncake CUDA 13 pin (the stand-in does not install it), so a
+    # new release directory on every host with the serving release's packages.
+    new_pin = BY_NAME["pdnode_mooncake_cuda13_version"].default + ".post1"
+    inv = _inventory_with(tmp_path, pdnode_mooncake_cuda13_version=new_pin)
+    t0 = time.monotonic()
+    proc = subprocess.run(["ansible-playbook", "-i", str(inv), str(REPO / "playbooks" / "upgrade.yml")], cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=1500)
+    took = time.monotonic() - t0
+    try:
+        assert proc.returncode == 0, proc.stdout[-5000:]
+        # serial: 1 -- the play runs once per host, one batch after the other
+        assert proc.stdout.count("PLAY [Upgrade the PD node, rolling back on failure]") == 3
+        for name in RUNS:
+            report = json.loads((REPO / ".cache" / "upgrade" / f"{name}.json").read_text())
+            assert report["outcome"] == "upgraded", (name, report)
+            assert report["verify"]["verify"] == {"passed": True, "failed_checks": []}, (name, report["verify"])
+            assert report["to_venv"].endswith(f"-cu13-{new_pin}"), report["to_venv"]
+            for unit in RUNS[name]:
+                exec_start = on(name).check_output(f"systemctl show -p ExecStart --value {unit}")
+                assert f"-cu13-{new_pin}/bin/python" in exec_start, (name, unit)
+            print(f"\nupgrade of {name}: failed probe requests {report['failed_requests']} of "
+                  f"{report['probe']['requests']}, longest outage {report['longest_outage_s']} s")
+        print(f"upgrade of the three hosts, one at a time: {took:.0f} s")
+    finally:
+        back, back_took = playbook("playbooks/deploy.yml")
+        assert back.returncode == 0, back.stdout[-3000:]
+        print(f"deploy back to the scenario's release: {back_took:.0f} s")
+    status, text = completion()
+    assert status == 200, text
 
 
 def test_kill_9_of_the_remote_decode_is_repaired():

@@ -209,12 +209,17 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
     address = node_address or (None if _wildcard(r_host) else r_host) or "127.0.0.1"
     r_port = _int(router, "port", 8000)
     default_router = f"http://{url_host(address)}:{r_port}"
+    # On another host of a layout spanning hosts: its public URL; its metrics listener
+    # (loopback there) and its unit are that host's.
+    router_remote = router_svc.get("host") not in (None, plan.get("host"))
+    if router_remote:
+        default_router = str(dict(plan.get("cluster") or {}).get("router", {}).get("url") or default_router)
     router_root = (router_url or default_router).rstrip("/")
     m_host = str(router.get("prometheus_host", "127.0.0.1"))
     m_host = address if _wildcard(m_host) else m_host
     m_url = router_metrics_url or (
         f"http://{url_host(m_host)}:{_int(router, 'prometheus_port', 29000)}/metrics"
-        if (on_node or not is_loopback(m_host)) else None)
+        if (on_node or not is_loopback(m_host)) and not router_remote else None)
 
     urls = _pairs(instance_urls, "--instance-url", plain=False)
     boots = _pairs(bootstrap_urls, "--bootstrap-url", plain=True)
@@ -254,7 +259,8 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
         url, boot = (item[0], item[1] if len(item) > 1 else None) if isinstance(item, (list, tuple)) else (item, None)
         router_prefill.append((str(url).rstrip("/"), boot))
     first = dict(engines[0].get("args") or {})
-    units = [i.unit for i in instances if i.unit] + ([str(router_svc["unit"])] if router_svc.get("unit") else [])
+    units = [i.unit for i in instances if i.unit] + (
+        [str(router_svc["unit"])] if router_svc.get("unit") and not router_remote else [])
     expect = Expect(
         served_model_name=str(first.get("served_model_name") or first.get("model_path") or ""),
         router_prefill=router_prefill,
