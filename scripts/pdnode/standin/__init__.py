@@ -22,6 +22,7 @@ Modules (one job each)
     protocol.py    response bodies: /generate, OpenAI chat and completions, SSE
     http_api.py    the HTTP routes, API-key check, /sim/faults
     app.py         start-up, readiness, shutdown on SIGTERM
+    rendezvous.py  an instance spanning hosts: node rank 0's dist-init rendezvous, ranks >= 1 joining it
 
 Capacity model (scheduler.py; docs/planner.md): like SGLang, every scheduler rank (an
 attention-DP rank, or a DP replica without attention DP) runs one forward pass at a time.
