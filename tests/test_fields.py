@@ -10,7 +10,7 @@ from planvars import changed, variables
 
 from pdnode.docs import inventory_markdown
 from pdnode.fields import INSTANCE_KEYS, INSTANCE_KEYS_BY_NAME, RETIRED_ROLE_VARIABLES
-from pdnode.inventory import inventory_variables, load_inventory
+from pdnode.inventory import inventory_variables
 from pdnode.plan import PlanError, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
