@@ -137,7 +137,18 @@ def _same_description(c: Any, host: str, names: list[str], inventory: Mapping[st
                     f"set {var} once, in group_vars of the layout's hosts")
 
 
-def firewall(layout: Layout, services: dict[str, dict[str, Any]], ports: dict[str, int]) -> dict[str, Any]:
+def _mooncake_ports(environment: Mapping[str, str]) -> list[int]:
+    """Mooncake's port range, as the engines' environment sets it (its defaults otherwise)."""
+    try:
+        low = int(environment.get("MC_MIN_RPC_PORT", MOONCAKE_PORTS[0]))
+        high = int(environment.get("MC_MAX_RPC_PORT", MOONCAKE_PORTS[1]))
+    except ValueError:
+        return list(MOONCAKE_PORTS)
+    return [low, high] if 1024 <= low <= high <= 65535 else list(MOONCAKE_PORTS)
+
+
+def firewall(layout: Layout, services: dict[str, dict[str, Any]], ports: dict[str, int],
+             environment: Mapping[str, str]) -> dict[str, Any]:
     """What this host admits: peers reach every listener of its engines; the router's
     port is public; nothing else of ours is reachable from elsewhere."""
     if not layout.multi_host:
@@ -149,7 +160,7 @@ def firewall(layout: Layout, services: dict[str, dict[str, Any]], ports: dict[st
         "enabled": True,
         "peers": sorted(a for h, a in layout.hosts.items() if h != layout.host),
         "tcp_ports": [p for p in guarded if p not in public],
-        "tcp_port_ranges": [list(MOONCAKE_PORTS), list(EPHEMERAL_PORTS)],
+        "tcp_port_ranges": [_mooncake_ports(environment), list(EPHEMERAL_PORTS)],
         "public_tcp_ports": public,
     }
 

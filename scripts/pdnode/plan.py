@@ -533,7 +533,7 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
     if layout.router_host == host:
         services["router"] = _router_service(v, everywhere["engines"], install, key, layout)
     return Plan(host=host, install=install, services=services, ports=ports, settings=_settings(v, engines, layout.multi_host),
-                cluster=everywhere, firewall=cluster.firewall(layout, services, ports), warnings=warnings)
+                cluster=everywhere, firewall=cluster.firewall(layout, services, ports, env_common), warnings=warnings)
 
 
 def _cluster(v: dict[str, Any], engines: list[Instance], layout: cluster.Layout) -> dict[str, Any]:

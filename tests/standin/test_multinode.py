@@ -69,6 +69,16 @@ def _wait_status(url: str, want: int, timeout: float, *procs: Proc) -> float:
     raise AssertionError(f"{url} did not answer {want} within {timeout} s:\n" + "\n".join(p.log() for p in procs))
 
 
+def _joined_ranks(tmp: Path, procs: list) -> tuple[Proc, Proc]:
+    """Node ranks 0 and 1 of one decode, started and joined (rank 0 healthy)."""
+    port0, port1, dist = free_ports(3)
+    rank0 = Proc(tmp, "rank0", _args(port0, dist, 0))
+    rank1 = Proc(tmp, "rank1", _args(port1, dist, 1))
+    procs += [rank0, rank1]
+    _wait_status(f"http://127.0.0.1:{port0}/health", 200, 60, rank0, rank1)
+    return rank0, rank1
+
+
 @pytest.fixture
 def procs():
     started: list[Proc] = []
@@ -141,11 +151,7 @@ def test_rank1_waits_for_rank0_and_dies_with_it(tmp_path, procs):
 
 @pytest.mark.integration
 def test_sigterm_on_rank1_waits_for_rank0_like_sglang(tmp_path, procs):
-    port0, port1, dist = free_ports(3)
-    rank0 = Proc(tmp_path, "rank0", _args(port0, dist, 0))
-    rank1 = Proc(tmp_path, "rank1", _args(port1, dist, 1))
-    procs += [rank0, rank1]
-    _wait_status(f"http://127.0.0.1:{port0}/health", 200, 60, rank0, rank1)
+    rank0, rank1 = _joined_ranks(tmp_path, procs)
     rank1.p.send_signal(signal.SIGTERM)
     assert rank1.wait_exit(2) is None, "rank 1 stopped on SIGTERM; SGLang's waits for rank 0"
     assert "SIGTERM received on node_rank 1" in rank1.log()
@@ -159,11 +165,7 @@ def test_a_silent_rank_counts_as_lost(tmp_path, procs):
     """A host cut off the network sends no FIN: a frozen rank 1 (SIGSTOP) stands in for it."""
     from pdnode.standin.rendezvous import SILENCE_S
 
-    port0, port1, dist = free_ports(3)
-    rank0 = Proc(tmp_path, "rank0", _args(port0, dist, 0))
-    rank1 = Proc(tmp_path, "rank1", _args(port1, dist, 1))
-    procs += [rank0, rank1]
-    _wait_status(f"http://127.0.0.1:{port0}/health", 200, 60, rank0, rank1)
+    rank0, rank1 = _joined_ranks(tmp_path, procs)
     rank1.p.send_signal(signal.SIGSTOP)
     try:
         t0 = time.monotonic()
