@@ -386,8 +386,9 @@ def _check_router(c: _Checker, v: dict[str, Any]) -> None:
         # measured (docs/smg.md): smg 1.13 retries on the same dead prefill and charges the
         # decode's breaker too; 2P1D answered 503 for 180 s, until its health checks dropped it
         c.warn("router-smg-cache-aware", "pdnode_router_policy", "cache_aware",
-               "with smg 1.13 one dead prefill takes the node down until the router's health checks drop it "
-               "(180 s measured: retries stay on the dead prefill and open the decode's breaker)",
+               "with smg 1.13 one dead prefill fails requests and can take the node down until the router's "
+               "health checks drop it (retries stay on the dead prefill and can open the decode's breaker: "
+               "180 s measured)",
                "use power_of_two or round_robin (0 failed requests measured), or sglang-router")
     if v["pdnode_router_policy"] is not None and v["pdnode_router_policy"] not in ROUTER_POLICIES:
         c.error("router-policy-known",

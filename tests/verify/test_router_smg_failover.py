@@ -5,9 +5,9 @@ then requests. sglang-router 0.3.2 loses no request here.
 - a policy that moves a retry to another prefill (power_of_two): no failed request;
 - cache_aware with the prefill first taken out of the router (DELETE /workers/{id}
   with the admin key, what a rolling upgrade does before it stops an instance): none;
-- cache_aware without that: 503 while the other prefill is alive, and still after the
-  circuit-open time (the decode's breaker opens with the dead prefill's, again at each
-  half-open probe that lands there; 180 s measured, until the health checks drop it). This one
+- cache_aware without that: the retries stay on the dead prefill, so requests fail while
+  the other prefill is alive (2 x 502 in every run); in some runs the decode's breaker
+  opens too and the node answers 503 past the circuit-open time (docs/smg.md). This one
   asserts the defect: when it fails, smg fixed it, and docs/smg.md and the plan's
   warning (router-smg-cache-aware) can go.
 """
@@ -100,17 +100,16 @@ def test_cache_aware_loses_no_request_when_the_prefill_leaves_the_router_first(t
         assert _burst(n["base"], 30, "after") == {200: 30}
 
 
-def test_cache_aware_dead_prefill_takes_the_node_down_for_the_open_time(tmp_path):
+def test_cache_aware_retries_stay_on_the_dead_prefill(tmp_path):
     with smg_2p1d(tmp_path, "cache_aware") as n:
         assert _burst(n["base"], 10, "warm") == {200: 10}
         _kill_prefill(n["a"])
-        t0 = time.monotonic()
         right_after = _burst(n["base"], 20, "after")
-        # 503 no_available_workers while prefill B is alive: the decode's breaker opened
-        assert right_after[503] > 0, (
-            f"smg now survives a dead prefill under cache_aware ({dict(right_after)}): update docs/smg.md and "
+        failed = sum(count for status, count in right_after.items() if status != 200)
+        # power_of_two moves the retry to prefill B (at most the one request A held fails);
+        # cache_aware sends it back to A. Whether the decode's breaker opens as well (then
+        # 503 for the open time or, measured, 180 s) differs from run to run: printed only.
+        print(f"smg cache_aware, 2P1D, 20 requests after a kill -9 of one prefill: {dict(right_after)}")
+        assert failed >= 2, (
+            f"smg now moves cache_aware retries off a dead prefill ({dict(right_after)}): update docs/smg.md and "
             "drop the plan's router-smg-cache-aware warning")
-        # not over when the breaker half-opens: a probe that lands on the dead prefill opens
-        # decode's breaker again (measured: 503 for 180 s, until the health checks drop it)
-        time.sleep(max(0.0, 2 * CIRCUIT_OPEN_S + 1 - (time.monotonic() - t0)))
-        assert _burst(n["base"], 10, "later")[503] > 0
