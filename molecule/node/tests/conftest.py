@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "instance")
+CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "day2: a day-2 test of the node (layouts, upgrade): scenario day2 runs them")
 
 
 @pytest.fixture(scope="module")
@@ -21,5 +25,5 @@ def inventory(tmp_path_factory):
     (inv / "hosts.yml").write_text(json.dumps({"all": {"hosts": {CONTAINER: {
         "ansible_connection": "community.docker.docker", "ansible_host": CONTAINER}}}}))
     (inv / "host_vars" / f"{CONTAINER}.yml").write_text(
-        (REPO / "molecule" / "node" / "host_vars" / "instance.yml").read_text())
+        (REPO / "molecule" / "node" / "host_vars" / "pdnode-mol-node.yml").read_text())
     return inv

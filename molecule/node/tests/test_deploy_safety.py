@@ -26,7 +26,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 CALLBACKS = REPO / "molecule" / "node" / "plugins" / "callback"
-CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "instance")
+CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 PREFIX = "sglang-pd"
 CFG = "/etc/sglang-pd"
 SERVICES = ["prefill-0", "decode-0", "router"]  # the demo description's service ids

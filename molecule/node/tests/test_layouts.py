@@ -26,8 +26,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.day2  # scenario day2 runs these (molecule/day2)
+
 REPO = Path(__file__).resolve().parents[3]
-CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "instance")
+CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 PREFIX = "sglang-pd"
 KEY = (REPO / "molecule" / "node" / "files" / "test-api-key").read_text().strip()
 PLANNER_SIM = {"pdnode_sim_prefill_ms_per_token": 2.0, "pdnode_sim_decode_ms_per_token": 30.0,

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[3]
 PREFIX = "sglang-pd"
 UNITS = [f"{PREFIX}-prefill-0.service", f"{PREFIX}-decode-0.service", f"{PREFIX}-router.service"]
 ROUTER = "http://127.0.0.1:8000"
-# The scenario's test key (molecule/node/host_vars/instance.yml), not a secret.
+# The scenario's test key (molecule/node/host_vars/pdnode-mol-node.yml), not a secret.
 KEY = (REPO / "molecule" / "node" / "files" / "test-api-key").read_text().strip()
 KEY_ON_HOST = "/etc/sglang-pd/api-key"
 

@@ -19,7 +19,7 @@ ROUTER = "http://127.0.0.1:8000"
 ROUTER_UNIT = f"{PREFIX}-router.service"
 ADMIN_KEY_ON_HOST = "/etc/sglang-pd/router-admin-key"
 KEY_ON_HOST = "/etc/sglang-pd/api-key"
-# The scenario's client key (molecule/node/host_vars/instance.yml), not a secret.
+# The scenario's client key (molecule/node/host_vars/pdnode-mol-node.yml), not a secret.
 KEY = (REPO / "molecule" / "node" / "files" / "test-api-key").read_text().strip()
 
 

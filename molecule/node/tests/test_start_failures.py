@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "instance")
+CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 PREFIX = "sglang-pd"
 UNITS = [f"{PREFIX}-prefill-0.service", f"{PREFIX}-decode-0.service", f"{PREFIX}-router.service"]
 TARGET = f"{PREFIX}.target"

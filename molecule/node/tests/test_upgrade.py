@@ -23,8 +23,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.day2  # scenario day2 runs these (molecule/day2)
+
 REPO = Path(__file__).resolve().parents[3]
-CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "instance")
+CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 PREFIX = "sglang-pd"
 VENVS = "/opt/sglang-pd/venvs"
 UNITS = [f"{PREFIX}-prefill-0.service", f"{PREFIX}-decode-0.service", f"{PREFIX}-router.service"]
