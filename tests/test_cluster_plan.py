@@ -160,10 +160,3 @@ def test_an_unknown_host_is_one_line_exit_2(capsys):
         cli.main(["check", str(PAIR), "--host", "gpu09"])
     assert info.value.code == 2
     assert capsys.readouterr().err.strip() == f"pdnode: {PAIR}: no host 'gpu09' (hosts: gpu01, gpu02)"
-
-
-def test_runbooks_refuse_a_layout_spanning_hosts_in_one_line(capsys):
-    assert cli.main(["runbooks", str(PAIR)]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err == (f"pdnode runbooks: {PAIR}: host gpu01 is one of the 2 hosts of one layout; the runbooks cover "
-                   "one-host nodes only so far (docs/scaling.md)")

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from pdnode import monitoring, runbooks
 from pdnode.cli import main
-from pdnode.inventory import load_inventory
+from pdnode.inventory import inventory_variables, load_inventory
 from pdnode.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,7 +133,7 @@ def test_every_alert_of_the_rules_template_has_a_page(rendered):
         assert f"alert {name} fired" in page
         assert f"](alerts/{name}.md)" in files["README.md"]
         # Marked inactive exactly when this host's rules file lacks the rule.
-        assert ("Not in this host's rules file" in page) == (name not in active), name
+        assert ("Not active on this host" in page) == (name not in active), name
     # The demo (stand-in engine) has no GPU alerts; gpu01 has every alert.
     if plan["install"]["engine"] == "sim":
         assert {"PdGpuXid", "PdGpuEccError", "PdGpuMetricsMissing"} <= set(names) - active
@@ -279,7 +279,7 @@ def test_an_inventory_without_thresholds_renders_and_says_which_rules_are_absent
     for alert, key in (("PdKvTransferSlow", "kv_transfer_speed_min_gb_s"), ("PdTtftP99High", "ttft_p99_max_s"),
                        ("PdItlP99High", "itl_p99_max_s")):
         assert f"the inventory sets no pdnode_verify_thresholds.{key}" in files[f"alerts/{alert}.md"]
-    assert "Not in this host's rules file" not in files["alerts/PdBootstrapFailures.md"]
+    assert "Not active on this host" not in files["alerts/PdBootstrapFailures.md"]
 
 
 def test_every_shell_block_is_valid_bash(rendered):
@@ -292,3 +292,115 @@ def test_every_shell_block_is_valid_bash(rendered):
     for name, block in blocks:
         result = subprocess.run([bash, "-n"], input=block, capture_output=True, text=True, check=False)
         assert result.returncode == 0, f"{name}: {result.stderr}\n{block}"
+
+
+# --- a layout over several hosts ------------------------------------------------------------
+def layout_renders(peers: dict, inventory: str) -> dict:
+    """{host: (plan, files)} for every host of a layout (peers: every host's variables)."""
+    out = {}
+    for host in peers:
+        plan = build_plan(peers[host], host, peers).as_dict()
+        out[host] = plan, runbooks.render_runbooks(plan, inventory)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair_renders():
+    return layout_renders(inventory_variables(ROOT / "inventories" / "gpu-pair"), "inventories/gpu-pair")
+
+
+@pytest.fixture(scope="module")
+def spanning_renders():
+    """gpu-pair with decode-0 at TP 16 over gpu02 and gpu03 (node ranks 0 and 1)."""
+    peers = copy.deepcopy(inventory_variables(ROOT / "inventories" / "gpu-pair"))
+    peers["gpu03"] = copy.deepcopy(peers["gpu02"])
+    peers["gpu03"]["pdnode_node_address"] = "10.20.0.13"
+    decode = {"hosts": ["gpu02", "gpu03"], "gpus": list(range(8)), "tp_size": 16, "attn_dp_size": 16,
+              "ep_size": 16, "moe_dense_tp_size": 1, "enable_dp_lm_head": True}
+    for h in peers:
+        peers[h]["pdnode_decode_instances"] = [decode]
+    return layout_renders(peers, "inventories/gpu-pair")
+
+
+def test_each_host_of_a_layout_gets_pages_for_what_runs_on_it(pair_renders):
+    (_, f1), (_, f2) = pair_renders["gpu01"], pair_renders["gpu02"]
+    for files in (f1, f2):  # the whole layout on every host's overview
+        for row in ("| gpu01", "| gpu02", "| prefill-0 | prefill | gpu01 | `http://10.20.0.11:30000` |",
+                    "| decode-0 | decode | gpu02 | `http://10.20.0.12:30001` |"):
+            assert row in files["README.md"], row
+    assert "Clients use the router on gpu02: `http://10.20.0.12:8000`" in f1["README.md"]
+    # gpu01 runs the two prefills only: no router unit, port or command there
+    assert "sglang-pd-router.service" not in "".join(f1.values())
+    assert "| 8000 |" not in f1["README.md"] and "| 30001 |" not in f1["README.md"]
+    assert "| 30000 |" in f1["README.md"] and "| 8999 |" in f1["README.md"]
+    assert "It runs on gpu02 (`http://10.20.0.12:8000`): that host's runbooks." in f1["start-stop.md"]
+    # across hosts nothing is coupled, and the prefills wait out the decodes' heartbeat
+    assert "Coupled" not in f1["start-stop.md"] + f2["start-stop.md"]
+    assert "prefill-0 15 s, prefill-1 15 s" in f1["README.md"]
+    # the router's host checks every worker of the layout at its host's address
+    workers = f2["node-not-serving.md"]
+    assert "prefill-0 (`http://10.20.0.11:30000`, bootstrap 8998), prefill-1 (`http://10.20.0.11:30010`" in workers
+    assert "'prefill-1 %{http_code}\\n' http://10.20.0.11:30010/health    # on gpu01" in workers
+    # verify and bench run from the router's host; the verdict covers every host
+    for files in (f1, f2):
+        assert "pdnode verify inventories/gpu-pair --host gpu02" in files["verify-collect-bench.md"]
+        assert "pdnode bench inventories/gpu-pair --host gpu02" in files["verify-collect-bench.md"]
+    assert "--limit gpu01 --tags verify" not in "".join(f1.values())
+
+
+def test_router_alerts_are_active_on_the_routers_host_only(pair_renders):
+    (_, f1), (_, f2) = pair_renders["gpu01"], pair_renders["gpu02"]
+    for alert in ("PdCircuitOpen", "PdWorkerUnhealthy"):
+        elsewhere = f1[f"alerts/{alert}.md"]
+        assert "Not active on this host" in elsewhere and "it fires on gpu02" in elsewhere
+        assert "The router runs on gpu02, not here" in elsewhere and "```sh" not in elsewhere
+        here = f2[f"alerts/{alert}.md"]
+        assert "Not active on this host" not in here
+        assert "| http://10.20.0.11:30010 | prefill-1 | `sglang-pd-prefill-1.service` | gpu01 |" in here
+    # decode's latency alerts fire where the decode runs
+    assert "it fires on gpu02" in f1["alerts/PdTtftP99High.md"]
+    assert "Not active on this host" not in f2["alerts/PdTtftP99High.md"]
+    assert "Not active on this host" not in f1["alerts/PdBootstrapFailures.md"]
+
+
+def test_a_rank_of_an_instance_spanning_hosts_has_its_own_page(spanning_renders):
+    plan, files = spanning_renders["gpu03"]
+    assert list(plan["services"]) == ["decode-0"]
+    readme = files["README.md"]
+    assert "| decode-0 (node rank 1 of 2) |" in readme and "HTTP: dummy /health only" in readme
+    assert "| decode-0 | `http://10.20.0.13:30001/health` | - (node rank 0's) |" in readme
+    assert "| decode-0 | decode | gpu02, gpu03 |" in readme
+    assert "Node rank 1 of 2" in files["start-stop.md"] and "restart the ranks together" in files["start-stop.md"]
+    assert "the upgrade playbook refuses such a" in files["upgrade.md"]
+    # no metrics of its own: the alert pages' checks leave it out rather than print None
+    assert "http://10.20.0.13:30001/metrics" not in "".join(files.values())
+
+
+@pytest.mark.parametrize("layout", ["pair", "spanning"])
+def test_every_page_of_every_host_is_well_formed(layout, pair_renders, spanning_renders):
+    """What the one-host checks prove, for each host of a layout: no unset value printed,
+    each shell block valid bash, only this host's units in commands, every alert a page."""
+    bash = shutil.which("bash")
+    assert bash
+    renders = pair_renders if layout == "pair" else spanning_renders
+    for host, (plan, files) in renders.items():
+        own = {s["unit"] for s in plan["services"].values()}
+        allowed = own | {plan["install"]["target"]} | set(runbooks.EXPORTER_UNITS.values())
+        seen: set[str] = set()
+        for name, text in files.items():
+            assert "None" not in text, f"{host}/{name}"
+            for block in SH_BLOCK.findall(text):
+                result = subprocess.run([bash, "-n"], input=block, capture_output=True, text=True, check=False)
+                assert result.returncode == 0, f"{host}/{name}: {result.stderr}\n{block}"
+            for line in sh_blocks(text):
+                units, _ = unit_references(line)
+                seen |= units
+                assert units <= allowed, f"{host}/{name}: {units - allowed} in `{line}`"
+        assert own <= seen, f"{host}: units never in a command: {own - seen}"
+        assert sum(n.startswith("alerts/") for n in files) >= 10
+
+
+def test_cli_writes_a_directory_per_host_of_a_layout(tmp_path, capsys):
+    assert main(["runbooks", str(ROOT / "inventories" / "gpu-pair"), "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu01", "gpu02"]
+    assert "gpu02: 21 runbooks" in capsys.readouterr().out

@@ -6,6 +6,8 @@ alert of templates/prometheus/ (alerts/<name>.md), each with this host's unit na
 ports, paths and commands. `pdnode runbooks INVENTORY` writes them for every host of the
 inventory (or one, --host) to .cache/runbooks/<host>/, replacing a host's directory as a
 whole. The generic runbooks in docs/runbooks/ explain; these say what to type here.
+A host of a layout over several hosts gets pages for what runs on it, the whole layout
+on its overview, and the router's checks where the router runs (a pointer elsewhere).
 
 Jinja2, not the [[placeholder]] filling of monitoring.py: a runbook loops over the
 instances (one row, one command per instance, as many as the inventory has) and over
@@ -51,6 +53,7 @@ ENGINE_ROLES = ("prefill", "decode")
 UNIT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,250}\.(?:service|target)$")
 PATH_RE = re.compile(r"^/(?:[A-Za-z0-9._+-]+/?)*$")
 HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+ID_RE = re.compile(r"^(?:(?:prefill|decode)-[0-9]{1,3}|router)$")
 ADDRESS_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*)$")
 _WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 
@@ -86,21 +89,31 @@ def _gpus(ids: list[int]) -> str:
 
 
 def _service(s: dict[str, Any]) -> dict[str, Any]:
-    sid = s["id"]
+    sid = _check(s["id"], ID_RE, "services.id", "a service id (prefill-N, decode-N, router)")
     unit = _check(s["unit"], UNIT_RE, f"services.{sid}.unit", "a systemd unit name")
     for key in ("config", "env_file"):
         _check(s[key], PATH_RE, f"services.{sid}.{key}", "an absolute path of plain characters")
-    host, port = _address(s["url"], f"services.{sid}.url")
+    rank = int(s["args"].get("node_rank") or 0)
+    if s["url"] is None:
+        # node rank >= 1 of an instance spanning hosts: no API, only SGLang's dummy /health,
+        # which is its readiness URL
+        host, port = _address(s["ready"][0], f"services.{sid}.ready")
+        health = f"http://{host}:{port}/health"
+    else:
+        host, port = _address(s["url"], f"services.{sid}.url")
+        health = s["url"].rstrip("/") + "/health"
     out = {
         "id": sid, "role": s["role"], "unit": unit, "ident": unit.removesuffix(".service"),
         "config": s["config"], "env_file": s["env_file"], "gpus": list(s["gpus"]), "gpus_text": _gpus(s["gpus"]),
-        "url": s["url"].rstrip("/"), "port": port, "address": f"{host}:{port}",
+        "url": s["url"].rstrip("/") if s["url"] else None, "health_url": health, "port": port,
+        "address": f"{host}:{port}", "node_rank": rank, "nnodes": int(s["args"].get("nnodes") or 1),
         "bound_to": s.get("bound_to"), "upholds": list(s.get("upholds") or []),
-        "bootstrap_port": s.get("bootstrap_port"),
+        "restart_delay_s": s.get("restart_delay_s"),
+        "bootstrap_port": s.get("bootstrap_port") if s["url"] else None,
         "bootstrap_url": None, "bootstrap_route": None, "nccl_port": s["args"].get("nccl_port"),
-        "metrics_url": s.get("metrics_url") or s["url"].rstrip("/") + "/metrics",
+        "metrics_url": s.get("metrics_url") or (s["url"].rstrip("/") + "/metrics" if s["url"] else None),
     }
-    if s["role"] == "prefill":
+    if s["role"] == "prefill" and s["url"]:
         out["bootstrap_url"] = f"http://{host}:{s['bootstrap_port']}"
         # The bootstrap server's readiness URL is the plan's own (the readiness gate's).
         out["bootstrap_route"] = next((u for u in s["ready"] if "/route" in u), None)
@@ -129,18 +142,26 @@ def _targets(plan: dict[str, Any], services: dict[str, dict[str, Any]]) -> list[
     return out
 
 
-def _alerts(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every alert of the rules template, with whether this host's rules file has it and,
-    when not, why (the `when:` value the plan leaves unset)."""
+def _alerts(plan: dict[str, Any], targets: list[dict[str, Any]], layout: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every alert of the rules template, with whether it can fire on this host and, when
+    not, why: the `when:` value the plan leaves unset, or (a layout over several hosts)
+    no target here of the jobs its expression reads."""
     source = yaml.safe_load(monitoring.TEMPLATE.read_text())
     rendered = set(monitoring.alert_names(monitoring.alert_rules(plan)))
+    scraped = {t["role"] for t in targets}
     out = []
     for group in source["groups"]:
         for rule in group["rules"]:
             if "alert" not in rule:
                 continue
             when = rule.get("when")
-            if rule["alert"] in rendered:
+            reads = [role for role, job in monitoring.SCRAPE_JOBS.items() if f"[[job_{role}]]" in rule["expr"]]
+            if rule["alert"] in rendered and reads and not scraped.intersection(reads):
+                where = sorted({h for e in layout["engines"] if e["role"] in reads for h in e["hosts"]}
+                               | ({layout["router_host"]} if "router" in reads else set()))
+                why_not = (f"this host runs no {' or '.join(reads)}, so its Prometheus scrapes none: it fires on "
+                           f"{', '.join(where)}, whose runbooks have this page too")
+            elif rule["alert"] in rendered:
                 why_not = None
             elif when == "gpu_host":
                 why_not = f"this host runs the {plan['install']['engine']} engine, not a GPU engine: no DCGM exporter"
@@ -164,10 +185,12 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
         _check(address, ADDRESS_RE, "ansible_host", "a host name or an IP address")
     services = {sid: _service(s) for sid, s in plan["services"].items()}
     engines = [s for s in services.values() if s["role"] in ENGINE_ROLES]
-    router = services["router"]
+    router = services.get("router")  # a layout over several hosts: only on the router's host
     settings = plan["settings"]
     thresholds = settings.get("pdnode_verify_thresholds") or {}
     targets = _targets(plan, services)
+    layout = _layout(plan, host)
+    own_ports = [(name, port) for name, port in plan["ports"].items() if name.split(".", 1)[0] in services]
     return {
         "host": host,
         "inventory": inventory,
@@ -176,11 +199,14 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
         "services": list(services.values()),
         "by_id": services,
         "engines": engines,
+        # the engines this host serves the API of (a node rank >= 1 has none)
+        "served": [s for s in engines if s["url"]],
         "prefills": [s for s in engines if s["role"] == "prefill"],
         "decodes": [s for s in engines if s["role"] == "decode"],
         "router": router,
+        "layout": layout,
         "units": [s["unit"] for s in services.values()],
-        "ports": sorted(plan["ports"].items(), key=lambda kv: (kv[1], kv[0])),
+        "ports": sorted(own_ports, key=lambda kv: (kv[1], kv[0])),
         "settings": settings,
         "thresholds": thresholds,
         "model": settings.get("pdnode_model_served_name"),
@@ -189,10 +215,38 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
         "targets": targets,
         "exporter_units": {role: unit for role, unit in EXPORTER_UNITS.items()
                            if any(t["role"] == role for t in targets)},
-        "alerts": _alerts(plan),
+        "alerts": _alerts(plan, targets, layout),
         "versions": {k: settings.get(k) for k in sorted(settings) if k.endswith("_version")},
         "sources": {k: str(v) for k, v in (sources or {}).items() if k.endswith("_version")},
     }
+
+
+def _layout(plan: dict[str, Any], host: str) -> dict[str, Any]:
+    """The whole layout as every host's runbooks describe it: the hosts and what each runs,
+    the router's host and URL, every engine instance (where it serves HTTP) and how many
+    prefill and decode instances there are. One host: that host alone."""
+    cluster = plan["cluster"]
+    hosts = []
+    for name, entry in cluster["hosts"].items():
+        hosts.append({"name": _check(name, HOST_RE, "cluster.hosts", "a host name"),
+                      "address": _check(entry["address"], ADDRESS_RE, f"cluster.hosts.{name}.address",
+                                        "a host name or an IP address"),
+                      "services": [_check(i, ID_RE, f"cluster.hosts.{name}.services", "a service id")
+                                   for i in entry["services"]]})
+    engines = []
+    for iid, e in cluster["engines"].items():
+        _address(e["url"], f"cluster.engines.{iid}.url")
+        engines.append({"id": _check(iid, ID_RE, "cluster.engines", "a service id"), "role": e["role"],
+                        "hosts": [_check(h, HOST_RE, f"cluster.engines.{iid}.hosts", "a host name") for h in e["hosts"]],
+                        "url": e["url"].rstrip("/"), "bootstrap_port": e.get("bootstrap_port"), "unit": _check(e["unit"], UNIT_RE, f"cluster.engines.{iid}.unit",
+                                                                    "a systemd unit name")})
+    router_host = _check(cluster["router"]["host"], HOST_RE, "cluster.router.host", "a host name")
+    _address(cluster["router"]["url"], "cluster.router.url")
+    return {"multi_host": bool(cluster["multi_host"]), "hosts": hosts, "engines": engines,
+            "router_host": router_host, "router_url": cluster["router"]["url"].rstrip("/"),
+            "here_router": router_host == host,
+            "prefills": sum(e["role"] == "prefill" for e in engines),
+            "decodes": sum(e["role"] == "decode" for e in engines)}
 
 
 def _environment() -> Any:
@@ -239,11 +293,6 @@ def _render_host(inventory: str, host: str) -> dict[str, str]:
         raise RunbookError(f"{inventory}: host {host}: {first}" + (f" [{where}]" if where else "")
                            + (f" (and {more} more: `pdnode check {inventory} --host {host}` lists them)" if more else "")
                            ) from None
-    if plan.cluster["multi_host"]:
-        # The pages describe one host that runs its router and every engine; a host of a
-        # layout spanning hosts needs pages that say which peer runs what (not written yet).
-        raise RunbookError(f"{inventory}: host {host} is one of the {len(plan.cluster['hosts'])} hosts of one layout; "
-                           "the runbooks cover one-host nodes only so far (docs/scaling.md)")
     conn = hv.variables.get("ansible_connection")
     address = hv.variables.get("ansible_host") if conn not in ("local", "community.docker.docker") else None
     return render_runbooks(plan.as_dict(), inventory, str(address) if address else None, hv.sources)
