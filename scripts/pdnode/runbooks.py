@@ -189,7 +189,7 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
     settings = plan["settings"]
     thresholds = settings.get("pdnode_verify_thresholds") or {}
     targets = _targets(plan, services)
-    layout = _layout(plan, host)
+    layout = _layout(plan)
     own_ports = [(name, port) for name, port in plan["ports"].items() if name.split(".", 1)[0] in services]
     return {
         "host": host,
@@ -221,7 +221,7 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
     }
 
 
-def _layout(plan: dict[str, Any], host: str) -> dict[str, Any]:
+def _layout(plan: dict[str, Any]) -> dict[str, Any]:
     """The whole layout as every host's runbooks describe it: the hosts and what each runs,
     the router's host and URL, every engine instance (where it serves HTTP) and how many
     prefill and decode instances there are. One host: that host alone."""
@@ -236,15 +236,16 @@ def _layout(plan: dict[str, Any], host: str) -> dict[str, Any]:
     engines = []
     for iid, e in cluster["engines"].items():
         _address(e["url"], f"cluster.engines.{iid}.url")
-        engines.append({"id": _check(iid, ID_RE, "cluster.engines", "a service id"), "role": e["role"],
-                        "hosts": [_check(h, HOST_RE, f"cluster.engines.{iid}.hosts", "a host name") for h in e["hosts"]],
-                        "url": e["url"].rstrip("/"), "bootstrap_port": e.get("bootstrap_port"), "unit": _check(e["unit"], UNIT_RE, f"cluster.engines.{iid}.unit",
-                                                                    "a systemd unit name")})
+        engines.append({
+            "id": _check(iid, ID_RE, "cluster.engines", "a service id"), "role": e["role"],
+            "hosts": [_check(h, HOST_RE, f"cluster.engines.{iid}.hosts", "a host name") for h in e["hosts"]],
+            "url": e["url"].rstrip("/"), "bootstrap_port": e.get("bootstrap_port"),
+            "unit": _check(e["unit"], UNIT_RE, f"cluster.engines.{iid}.unit", "a systemd unit name"),
+        })
     router_host = _check(cluster["router"]["host"], HOST_RE, "cluster.router.host", "a host name")
     _address(cluster["router"]["url"], "cluster.router.url")
     return {"multi_host": bool(cluster["multi_host"]), "hosts": hosts, "engines": engines,
             "router_host": router_host, "router_url": cluster["router"]["url"].rstrip("/"),
-            "here_router": router_host == host,
             "prefills": sum(e["role"] == "prefill" for e in engines),
             "decodes": sum(e["role"] == "decode" for e in engines)}
 
