@@ -444,7 +444,7 @@ def test_cli_check_names_the_file_that_set_the_instance(tmp_path):
 
 @pytest.mark.parametrize(("content", "needle"), [
     ("all: [unclosed", "not valid YAML"),
-    ("---\nfoo: {}\n", "expected a top-level 'all:' group"),
+    ("---\nfoo: {}\n", "Ansible read no hosts from it"),
 ])
 def test_cli_unreadable_inventory_exits_2(tmp_path, content, needle):
     (tmp_path / "hosts.yml").write_text(content)

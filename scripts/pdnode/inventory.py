@@ -1,34 +1,42 @@
-"""Read an Ansible inventory directory into the plain variables of one host.
+"""Read an Ansible inventory into the variables of its hosts, exactly as Ansible does.
 
-No Ansible import: the CLI must answer in well under a second. Supported layout (the
-one this bundle ships): ``hosts.yml`` (YAML inventory), ``group_vars/<group>/*.yml`` or
-``group_vars/<group>.yml``, ``host_vars/<host>/*.yml`` or ``host_vars/<host>.yml``.
-Precedence as in Ansible: ``all`` < other groups (alphabetical) < host.
+Ansible is the judge of what a host gets: its own inventory manager parses the
+inventory and its own variable manager resolves precedence (group_vars and host_vars as
+files or directories, .yml/.yaml/.json/no extension, inline vars, nested groups), and
+values are templated through its hostvars, as the playbooks' ``pdnode_plan`` filter
+sees them. So ``pdnode check`` validates the value the deploy will use, by construction
+(tests/test_inventory_ansible.py compares with ``ansible-inventory`` over many layouts).
+
+Before Ansible reads anything, every file it could read is held to size, nesting and
+alias-expansion limits (inventory_limits.py): an alias bomb or a 20,000-deep nesting is
+refused in one line instead of running for minutes or ending in a traceback.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .inventory_limits import InventoryError, check_limits
 
+__all__ = ["HostVars", "InventoryError", "inventory_hosts", "inventory_variables", "load_inventory"]
 
-class InventoryError(Exception):
-    """The inventory could not be read (as opposed to read and found invalid)."""
+VAULT_PLACEHOLDER = "<vault>"  # the plan never needs a secret's value, only that it is set
 
-
-class _VaultValue(str):
-    """An ``!vault`` scalar: kept opaque; the plan never needs a secret's value."""
-
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-_Loader.add_constructor("!vault", lambda loader, node: _VaultValue("<vault>"))
-_Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+# Variables Ansible adds to every host itself (magic variables): not part of the
+# description, and some (groups, playbook_dir) differ between callers.
+_MAGIC = frozenset({
+    "ansible_config_file", "ansible_facts", "ansible_local", "ansible_playbook_python", "ansible_version",
+    "group_names", "groups", "inventory_dir", "inventory_file", "inventory_hostname", "inventory_hostname_short",
+    "playbook_dir", "omit", "ansible_check_mode", "ansible_diff_mode", "ansible_forks", "ansible_run_tags",
+    "ansible_skip_tags", "ansible_verbosity", "ansible_inventory_sources", "ansible_limit", "ansible_play_batch",
+    "ansible_play_hosts", "ansible_play_hosts_all", "ansible_play_name", "ansible_play_role_names",
+    "ansible_role_names", "ansible_dependent_role_names", "role_names", "play_hosts",
+})
 
 
 @dataclass(frozen=True)
@@ -39,101 +47,169 @@ class HostVars:
     sources: dict[str, str]  # variable -> file it came from (for messages)
 
 
-def _read_yaml(path: Path) -> Any:
+def _source_of(path: Path) -> Path:
+    """What to hand Ansible: the path as given (a directory loads every inventory file
+    in it, as ``-i DIR`` does)."""
+    if not path.exists():
+        raise InventoryError(f"{path}: no such inventory (give a directory such as inventories/gpu01)")
+    return path
+
+
+def _plain(value: Any, vault_type: type) -> Any:
+    """Ansible's tagged values -> plain Python (the plan's JSON and type checks want
+    exact types); a vaulted string -> a placeholder, never decrypted."""
+    if isinstance(value, vault_type):
+        return VAULT_PLACEHOLDER
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, dict):
+        return {_plain(k, vault_type): _plain(v, vault_type) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, vault_type) for v in value]
+    return value
+
+
+def _contains(value: Any, kind: type) -> bool:
+    if isinstance(value, kind):
+        return True
+    if isinstance(value, dict):
+        return any(_contains(v, kind) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_contains(v, kind) for v in value)
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or str(exc)
+    return " ".join(str(text).split("\n")[0].split())
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    hosts: dict[str, HostVars]
+
+
+def _fingerprint(path: Path) -> tuple:
+    """Every file under the inventory, with its size and mtime: a changed file is a new
+    key of the in-process memo (tests write inventories and read them again)."""
+    root = path if path.is_dir() else path.parent
+    entries = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            st = os.stat(os.path.join(dirpath, name))
+            entries.append((dirpath, name, st.st_size, st.st_mtime_ns))
+    return (str(path.resolve()), tuple(entries))
+
+
+def _resolve(path: str | Path) -> _Resolved:
+    source = _source_of(Path(path))
+    check_limits(source)
+    return _resolve_cached(_fingerprint(source), str(source))
+
+
+@lru_cache(maxsize=32)
+def _resolve_cached(_key: tuple, source: str) -> _Resolved:
+    # Ansible is imported only here: the commands that never read an inventory stay light.
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.parsing.vault import EncryptedString
+    from ansible.utils.display import Display
+    from ansible.vars.hostvars import HostVars as AnsibleHostVars
+    from ansible.vars.manager import VariableManager
+
     try:
-        with path.open(encoding="utf-8") as fh:
-            return yaml.load(fh, Loader=_Loader)  # noqa: S506 - SafeLoader subclass
-    except OSError as exc:
-        raise InventoryError(f"cannot read {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise InventoryError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
-                             f"{exc.start}); save the file as UTF-8") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise InventoryError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from exc
+        from ansible._internal._datatag._tags import Origin
+    except ImportError:  # a later ansible-core moved it: messages lose the file, nothing else
+        Origin = None  # noqa: N806
+
+    # Ansible's host_group_vars plugin remembers, per process, which var files a
+    # directory holds: a fresh process has none of that, and a re-read here must not
+    # either (the planner writes host_vars and checks them in one process).
+    from ansible.plugins.vars import host_group_vars
+    for memo in (getattr(host_group_vars, "FOUND", None), getattr(host_group_vars, "NAK", None)):
+        if memo is not None:
+            memo.clear()
+
+    warnings: list[str] = []
+    display = Display()
+    real_warning = display.warning
+    display.warning = lambda msg, *a, **k: warnings.append(_first_line(Exception(msg)))  # type: ignore[method-assign]
+    try:
+        # messages name a file as inventories/gpu01/group_vars/all/x.yml does: from the
+        # folder that holds the inventory
+        base = os.path.dirname(os.path.abspath(source if os.path.isdir(source) else os.path.dirname(source)))
+        loader = DataLoader()
+        inventory = InventoryManager(loader=loader, sources=[source])
+        manager = VariableManager(loader=loader, inventory=inventory)
+        hostvars = AnsibleHostVars(inventory=inventory, variable_manager=manager, loader=loader)
+        hosts = inventory.get_hosts()
+        if not hosts:
+            why = "; ".join(w for w in warnings if w) or "it defines no hosts"
+            raise InventoryError(f"{source}: Ansible read no hosts from it ({why}); "
+                                 f"`ansible-inventory -i {source} --graph` shows what Ansible sees")
+        out: dict[str, HostVars] = {}
+        for host in hosts:
+            raw = manager.get_vars(host=host, include_hostvars=False)
+            variables: dict[str, Any] = {}
+            sources: dict[str, str] = {}
+            for key in sorted(raw):
+                if key in _MAGIC:
+                    continue
+                name, value = str.__str__(key), raw[key]
+                if not _contains(value, EncryptedString):
+                    try:
+                        value = hostvars[host.name][name]  # templated, as the playbooks see it
+                    except AnsibleError as exc:
+                        raise InventoryError(f"{source}: host {host.name}: variable {name}: "
+                                             f"{_first_line(exc)}") from None
+                variables[name] = _plain(value, EncryptedString)
+                origin = Origin.get_tag(raw[key]) if Origin is not None else None
+                if origin is not None and origin.path:
+                    sources[name] = _relative(origin.path, base)
+            groups = ("all",) + tuple(sorted(str.__str__(g.name) for g in host.get_groups() if g.name != "all"))
+            name = str.__str__(host.name)
+            out[name] = HostVars(host=name, groups=groups, variables=variables, sources=sources)
+        return _Resolved(hosts=out)
+    except AnsibleError as exc:
+        raise InventoryError(f"{source}: {_first_line(exc)}") from None
+    finally:
+        display.warning = real_warning  # type: ignore[method-assign]
 
 
-def _var_files(base: Path, name: str) -> list[Path]:
-    single = [base / f"{name}{ext}" for ext in (".yml", ".yaml") if (base / f"{name}{ext}").is_file()]
-    folder = base / name
-    many = sorted(p for p in folder.glob("*") if p.suffix in (".yml", ".yaml")) if folder.is_dir() else []
-    return single + many
-
-
-def _walk_groups(name: str, node: Any, parents: tuple[str, ...], found: dict[str, set[str]]) -> None:
-    node = node or {}
-    if not isinstance(node, dict):
-        raise InventoryError(f"hosts.yml: group {name!r} must be a mapping")
-    for host in (node.get("hosts") or {}):
-        found.setdefault(str(host), set()).update(parents + (name,))
-    for child, child_node in (node.get("children") or {}).items():
-        _walk_groups(str(child), child_node, parents + (name,), found)
-
-
-def _host_inline_vars(node: Any, host: str) -> dict[str, Any]:
-    node = node or {}
-    out: dict[str, Any] = {}
-    if host in (node.get("hosts") or {}):
-        out.update(node["hosts"][host] or {})
-    for child in (node.get("children") or {}).values():
-        out.update(_host_inline_vars(child, host))
-    return out
-
-
-def _hosts(path: str | Path) -> tuple[Path, Path, dict[str, Any], dict[str, set[str]]]:
-    """The inventory's directory, its hosts.yml, that file's tree and {host: its groups}."""
-    root = Path(path)
-    if root.is_file():
-        root = root.parent
-    hosts_file = next((root / n for n in ("hosts.yml", "hosts.yaml") if (root / n).is_file()), None)
-    if not root.is_dir() or hosts_file is None:
-        raise InventoryError(f"{path}: not an inventory directory (expected {root}/hosts.yml)")
-    tree = _read_yaml(hosts_file) or {}
-    if not isinstance(tree, dict) or "all" not in tree:
-        raise InventoryError(f"{hosts_file}: expected a top-level 'all:' group")
-    membership: dict[str, set[str]] = {}
-    _walk_groups("all", tree["all"], (), membership)
-    if not membership:
-        raise InventoryError(f"{hosts_file}: no hosts defined")
-    return root, hosts_file, tree, membership
+def _relative(path: str, base: str) -> str:
+    path = os.path.abspath(path)
+    return os.path.relpath(path, base) if path.startswith(base + os.sep) else path
 
 
 def inventory_hosts(path: str | Path) -> list[str]:
-    """Every host of the inventory's hosts.yml, sorted (load_inventory reads one)."""
-    return sorted(_hosts(path)[3])
+    """Every host of the inventory, sorted (load_inventory reads one)."""
+    return sorted(_resolve(path).hosts)
 
 
 def load_inventory(path: str | Path, host: str | None = None) -> HostVars:
-    """Return the merged variables of ``host`` (or of the only host) in an inventory."""
-    root, hosts_file, tree, membership = _hosts(path)
+    """The resolved variables of ``host`` (or of the only host) of an inventory."""
+    hosts = _resolve(path).hosts
     if host is None:
-        if len(membership) > 1:
-            names = ", ".join(sorted(membership))
-            raise InventoryError(f"{hosts_file}: several hosts ({names}); choose one with --host")
-        host = next(iter(membership))
-    if host not in membership:
-        raise InventoryError(f"{hosts_file}: no host {host!r} (hosts: {', '.join(sorted(membership))})")
-
-    groups = ("all",) + tuple(sorted(membership[host] - {"all"}))
-    variables: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    layers = [(root / "group_vars", g) for g in groups] + [(root / "host_vars", host)]
-    for base, name in layers:
-        for file in _var_files(base, name):
-            data = _read_yaml(file) or {}
-            if not isinstance(data, dict):
-                raise InventoryError(f"{file}: expected a mapping of variables")
-            variables.update(data)
-            rel = str(file.relative_to(root.parent)) if root.parent in file.parents else str(file)
-            sources.update({k: rel for k in data})
-    inline = _host_inline_vars(tree["all"], host)
-    variables.update(inline)
-    sources.update({k: str(hosts_file.name) for k in inline})
-    return HostVars(host=host, groups=groups, variables=variables, sources=sources)
+        if len(hosts) > 1:
+            raise InventoryError(f"{path}: several hosts ({', '.join(sorted(hosts))}); choose one with --host")
+        host = next(iter(hosts))
+    if host not in hosts:
+        raise InventoryError(f"{path}: no host {host!r} (hosts: {', '.join(sorted(hosts))})")
+    found = hosts[host]
+    return HostVars(host=found.host, groups=found.groups, variables=copy.deepcopy(found.variables),
+                    sources=dict(found.sources))
 
 
 def inventory_variables(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Every host of the inventory -> its merged variables: what a layout spanning
+    """Every host of the inventory -> its resolved variables: what a layout spanning
     hosts reads of its other hosts (``build_plan(..., inventory=...)``)."""
-    return {host: load_inventory(path, host).variables for host in inventory_hosts(path)}
+    return {name: copy.deepcopy(hv.variables) for name, hv in sorted(_resolve(path).hosts.items())}
+
