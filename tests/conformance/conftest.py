@@ -31,7 +31,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 VALIDATOR = REPO / "scripts" / "sglang-validator"
-FIXTURES = HERE / "fixtures"
+FIXTURES = REPO / "scripts" / "pdnode" / "data" / "models"  # check uses them too
 DEEPSEEK_V3_TINY = str(FIXTURES / "deepseek-v3-tiny")
 QWEN2_TINY = str(FIXTURES / "qwen2-tiny")
 
