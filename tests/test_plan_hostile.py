@@ -9,6 +9,7 @@ keys (tests/planvars.py: ``"prefill[0]": {...}`` patches an instance entry).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -140,6 +141,79 @@ REFUSED = [
                  id="extra_key_newline"),
 ]
 
+SMG = {"pdnode_router_package": "smg"}
+# Issue 17, section 7: what the router would refuse, or what opens a door (all accepted
+# before). The router's own verdicts come from the installed package (pdnode.router_judge);
+# the doors are pdnode.guards' (docs/security.md, "What opens a door").
+ROUTER_REFUSES = [
+    pytest.param({"pdnode_router_extra_args": {"jwt_issuer": "https://idp.example"}},
+                 "pdnode_router_extra_args.jwt_issuer='https://idp.example': sglang-router 0.3.2 refuses it: jwt_issuer "
+                 "must not be in the router JSON", id="router_jwt_issuer"),
+    pytest.param({"pdnode_router_extra_args": {"postgres_db_url": "postgres://pd:SECRET@db.example/pd"}},
+                 "pdnode_router_extra_args.postgres_db_url='postgres://<hidden>@db.example/pd': sglang-router 0.3.2 "
+                 "refuses it: postgres_db_url must not be in the router JSON", id="router_postgres_url"),
+    pytest.param({"pdnode_router_extra_args": {"redis_url": "redis://:SECRET@cache.example:6379/0"}},
+                 "pdnode_router_extra_args.redis_url='redis://<hidden>@cache.example:6379/0': sglang-router 0.3.2 "
+                 "refuses it: redis_url must not be in the router JSON", id="router_redis_url"),
+    pytest.param({**SMG, "pdnode_router_extra_args": {"jwt_issuer": "https://idp.example"}},
+                 "pdnode_router_extra_args.jwt_issuer='https://idp.example': smg 1.13.0 refuses it", id="smg_jwt_issuer"),
+    # the package's own parser and pre-start steps, not a table of pdnode's
+    pytest.param({"pdnode_router_extra_args": {"retry_max_retries": -5}},
+                 "pdnode_router_extra_args.retry_max_retries=-5: sglang-router 0.3.2 refuses it: OverflowError",
+                 id="router_negative_retries"),
+    pytest.param({"pdnode_router_extra_args": {"history_backend": "redis"}},
+                 "pdnode_router_extra_args.history_backend='redis': sglang-router 0.3.2 refuses it: TypeError",
+                 id="router_history_without_url"),
+    pytest.param({**SMG, "pdnode_router_extra_args": {"history_backend": "redis"}},
+                 "pdnode_router_extra_args.history_backend='redis': smg 1.13.0 refuses it: TypeError",
+                 id="smg_history_without_url"),
+]
+DOORS = [
+    pytest.param({"pdnode_router_extra_args": {"mini_lb": True}},
+                 "pdnode_router_extra_args.mini_lb=True: opens a door: replaces the router with sglang-router's Python "
+                 "mini load balancer, which checks neither the API key nor the admin key", id="router_mini_lb"),
+    pytest.param({**SMG, "pdnode_router_extra_args": {"enable_mesh": True}},
+                 "pdnode_router_extra_args.enable_mesh=True: opens a door: turns on smg's mesh", id="smg_enable_mesh"),
+    pytest.param({**SMG, "pdnode_router_extra_args": {"mesh_host": "0.0.0.0"}},
+                 "pdnode_router_extra_args.mesh_host='0.0.0.0': opens a door: configures smg's mesh", id="smg_mesh_host"),
+    pytest.param({**SMG, "pdnode_router_extra_args": {"enable_wasm": True}},
+                 "pdnode_router_extra_args.enable_wasm=True: opens a door: lets smg run WebAssembly", id="smg_enable_wasm"),
+    pytest.param({"pdnode_router_extra_args": {"otlp_traces_endpoint": "collector.example:4317"}},
+                 "pdnode_router_extra_args.otlp_traces_endpoint='collector.example:4317': opens a door: exports",
+                 id="router_otlp"),
+    pytest.param({"prefill[0]": {"extra_args": {"decoupled_spec_bind_endpoint": "tcp://0.0.0.0:5555"}}},
+                 "pdnode_prefill_instances[0].extra_args.decoupled_spec_bind_endpoint='tcp://0.0.0.0:5555': opens a "
+                 "door: binds a ZMQ listener", id="engine_decoupled_spec_bind"),
+    pytest.param({"prefill[0]": {"extra_args": {"otlp_traces_endpoint": "http://otel:SECRET@collector.example:4317"}}},
+                 "pdnode_prefill_instances[0].extra_args.otlp_traces_endpoint='http://<hidden>@collector.example:4317'"
+                 ": opens a door: exports request traces to another host", id="engine_otlp"),
+    pytest.param({"pdnode_model_load_format": "remote"},
+                 "pdnode_model_load_format='remote': opens a door: loads the weights from a remote store",
+                 id="load_format_remote"),
+    pytest.param({"pdnode_model_load_format": "remote_instance"},
+                 "pdnode_model_load_format='remote_instance': opens a door: loads the weights from another running "
+                 "instance", id="load_format_remote_instance"),
+    pytest.param({"decode[0]": {"extra_args": {"remote_instance_weight_loader_seed_instance_ip": "10.0.0.5"}}},
+                 "pdnode_decode_instances[0].extra_args.remote_instance_weight_loader_seed_instance_ip='10.0.0.5': "
+                 "opens a door", id="engine_remote_weights_seed"),
+    pytest.param({"prefill[0]": {"extra_args": {"remote_instance_weight_loader_start_seed_via_transfer_engine": True}}},
+                 "pdnode_prefill_instances[0].extra_args.remote_instance_weight_loader_start_seed_via_transfer_engine="
+                 "True: opens a door: serves this instance's weights", id="engine_weights_seed_server"),
+    pytest.param({"prefill[0]": {"extra_args": {"kv_events_config": '{"publisher": "zmq"}'}}},
+                 "pdnode_prefill_instances[0].extra_args.kv_events_config='{\"publisher\": \"zmq\"}': opens a door: "
+                 "publishes KV-cache events", id="engine_kv_events_wildcard"),
+    pytest.param({"decode[0]": {"extra_args": {"grpc_mode": True}}},
+                 "pdnode_decode_instances[0].extra_args.grpc_mode=True: opens a door: serves SGLang's gRPC API, which "
+                 "checks no API key", id="engine_grpc"),
+    pytest.param({"prefill[0]": {"extra_args": {"tool_server": "demo"}}},
+                 "pdnode_prefill_instances[0].extra_args.tool_server='demo': opens a door", id="engine_tool_server"),
+    pytest.param({"pdnode_allow_exposing_args": ["otlp_endpoint"]},
+                 "pdnode_allow_exposing_args[0]='otlp_endpoint': is not an argument the plan refuses as opening a door",
+                 id="allow_unknown_name"),
+]
+REFUSED.extend(ROUTER_REFUSES + DOORS)
+
+
 
 @pytest.mark.parametrize(("changes", "start"), REFUSED)
 def test_hostile_value_is_refused_with_one_line(gpu01_vars, changes, start):
@@ -173,12 +247,118 @@ ACCEPTED = [
     pytest.param({"pd_services_limit_memlock": "8M", "pd_services_limit_nofile": "infinity",
                   "pd_services_ready_timeout_s": 60, "rdma_memlock_limit": 65536}, id="role_values"),
     pytest.param({"pdnode_mooncake_version": "0.3.13.post1", "pdnode_wheelhouse": "../wheels/x86_64"}, id="versions"),
+    # on loopback or local IPC nothing opens beyond the host
+    pytest.param({"prefill[0]": {"extra_args": {"otlp_traces_endpoint": "localhost:4317",
+                                                "decoupled_spec_bind_endpoint": "tcp://127.0.0.1:5555",
+                                                "kv_events_config": '{"publisher": "zmq", "endpoint": "ipc:///run/kv"}'}},
+                  "decode[0]": {"extra_args": {"decoupled_spec_connect_endpoints": ["tcp://[::1]:5555"]}}},
+                 id="loopback_endpoints"),
+    pytest.param({"pdnode_router_extra_args": {"history_backend": "memory", "retry_max_retries": 3}},
+                 id="router_extra_the_router_accepts"),
 ]
 
 
 @pytest.mark.parametrize("changes", ACCEPTED)
 def test_realistic_values_pass(gpu01_vars, changes):
     assert _problems(gpu01_vars, changes) == []
+
+
+@pytest.mark.parametrize(("changes", "lines"), [
+    pytest.param({**SMG, "pdnode_router_extra_args": {"enable_mesh": True, "mesh_host": "10.0.0.1"},
+                  "pdnode_allow_exposing_args": ["enable_mesh", "mesh_*"]}, 2, id="smg_mesh"),
+    pytest.param({"prefill[0]": {"extra_args": {"otlp_traces_endpoint": "collector.example:4317"}},
+                  "decode[0]": {"extra_args": {"otlp_traces_endpoint": "collector.example:4317"}},
+                  "pdnode_allow_exposing_args": ["otlp_traces_endpoint"]}, 2, id="otlp"),
+    pytest.param({"pdnode_model_load_format": "remote_instance", "pdnode_allow_exposing_args": ["load_format"]}, 1,
+                 id="load_format"),
+])
+def test_an_allowed_door_passes_with_a_warning_each(gpu01_vars, changes, lines):
+    plan = build_plan(changed(gpu01_vars, changes))
+    warned = [str(w) for w in plan.warnings if w.rule_id == "exposing-arg-allowed"]
+    assert len(warned) == lines and all("opens a door" in w and "allowed by pdnode_allow_exposing_args" in w
+                                        for w in warned), warned
+
+
+# Issue 17, section 6: pdnode_api_key_file is copied to every node, owned by the service
+# user; only a file holding exactly one key passes. The content is never echoed.
+NOT_ONE_KEY = {
+    "ssh_private_key": (b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUSECRET\n"
+                        b"-----END OPENSSH PRIVATE KEY-----\n", "holds a private key or a certificate (PEM)"),
+    "aws_credentials": (b"[default]\naws_access_key_id = AKIASECRET\naws_secret_access_key = SECRETSECRET\n",
+                        "holds 3 lines"),
+    "two_keys": (b"SECRET-one-0123456789\nSECRET-two-0123456789\n", "holds 2 lines"),
+    "short": (b"SECRET12\n", "holds a key of 8 characters; a key has at least 16"),
+    "space": (b"SECRET key 0123456789\n", "holds a character that is not printable ASCII or a space"),
+    "non_ascii": ("SECRET-0123456789-\u00e9\n".encode(), "holds a character that is not printable ASCII"),
+    "empty": (b"", "is empty"),
+    "long": (b"SECRET" * 1000, "holds 6000 characters; a key has at most 4096"),
+}
+
+
+def _key_problems(gpu01_vars, path) -> list[str]:
+    return _problems(gpu01_vars, {"pdnode_api_key_file": str(path)})
+
+
+@pytest.mark.parametrize("name", sorted(NOT_ONE_KEY))
+def test_a_key_file_that_is_not_one_key_is_one_line_without_its_content(gpu01_vars, tmp_path, name):
+    content, why = NOT_ONE_KEY[name]
+    f = tmp_path / "key"
+    f.write_bytes(content)
+    (line,) = _key_problems(gpu01_vars, f)
+    assert line.startswith(f"pdnode_api_key_file='{f}': {why}"), line
+    assert "SECRET" not in line and "AKIA" not in line and "its content is not shown" in line, line
+
+
+def test_a_private_key_named_by_a_relative_path_is_refused(gpu01_vars, tmp_path):
+    """`../../../home/ops/.ssh/id_ed25519`: relative to the repository root, as the deploy reads it."""
+    key = tmp_path / "home" / "ops" / ".ssh" / "id_ed25519"
+    key.parent.mkdir(parents=True)
+    key.write_bytes(NOT_ONE_KEY["ssh_private_key"][0])
+    rel = os.path.relpath(key, ROOT)
+    assert rel.startswith("../")
+    (line,) = _key_problems(gpu01_vars, rel)
+    assert line.startswith(f"pdnode_api_key_file='{rel}': holds a private key"), line
+
+
+def test_a_key_file_that_is_not_a_file_is_refused_without_waiting(gpu01_vars, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opened without blocking: a FIFO planted there must not hang the check
+    assert "is not a regular file" in _key_problems(gpu01_vars, fifo)[0]
+    assert "is not a regular file" in _key_problems(gpu01_vars, tmp_path)[0]
+
+
+@pytest.mark.parametrize("content", [b"0123456789abcdef", b"pd-" + b"a1" * 32 + b"\n", b"K3y!~\\x41'\"q%2F+/&=0123\r\n"])
+def test_a_file_holding_one_key_passes(gpu01_vars, tmp_path, content):
+    f = tmp_path / "key"
+    f.write_bytes(content)
+    assert _key_problems(gpu01_vars, f) == []
+
+
+def test_a_key_file_not_there_yet_is_the_deploys_to_report(gpu01_vars, tmp_path):
+    # inventories are checked where the keys are not; the role asserts it before writing
+    assert _key_problems(gpu01_vars, tmp_path / "absent") == []
+
+
+def test_the_router_verdict_is_cached_by_what_was_asked(gpu01_vars, tmp_path, monkeypatch):
+    """The package is asked once per router JSON: a second check reads the verdict."""
+    from pdnode import router_launch
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    v = changed(gpu01_vars, {"pdnode_router_extra_args": {"retry_max_retries": -5}})
+    first = _problems(v, {})
+    assert len(first) == 1 and "refuses it: OverflowError" in first[0]
+    cached = list((tmp_path / "pdnode" / "router-verdicts").iterdir())
+    assert len(cached) == 1 and oct(cached[0].parent.stat().st_mode & 0o777) == "0o700"
+
+    def not_asked(*args, **kwargs):
+        raise AssertionError("the package was asked again")
+    monkeypatch.setattr(router_launch, "judge", not_asked)
+    assert _problems(v, {}) == first
+    # another value is another question (and this one the router accepts)
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _problems(gpu01_vars, {"pdnode_router_extra_args": {"retry_max_retries": 5}}) == []
+    assert len(list((tmp_path / "pdnode" / "router-verdicts").iterdir())) == 2
 
 
 def test_router_argument_table_is_the_installed_router():
@@ -247,6 +427,34 @@ def test_cli_refuses_the_issue_reproductions(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert "8 problems" in lines[0], r.stderr
     assert len(lines) == 9 and "SECRET" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_refuses_the_issue_17_reproductions(tmp_path):
+    """Issue 17 sections 6 and 7 in one inventory: exit 1, one line per value, no secret.
+    The router is asked only once everything else holds, so its verdict is a second run."""
+    key = tmp_path / "id_ed25519"
+    key.write_bytes(NOT_ONE_KEY["ssh_private_key"][0])
+    inv = _inventory_with(tmp_path, (
+        f"---\npdnode_api_key_file: {key}\n"
+        "pdnode_router_extra_args: {mini_lb: true}\n"
+        "pdnode_model_load_format: remote\n"
+        "pdnode_prefill_instances:\n"
+        "  - gpus: [0, 1, 2, 3]\n"
+        "    extra_args: {decoupled_spec_bind_endpoint: 'tcp://0.0.0.0:5555',\n"
+        "                 otlp_traces_endpoint: 'http://otel:SECRET@collector.example:4317'}\n").encode())
+    r = _cli("check", str(inv))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert "5 problems" in lines[0] and len(lines) == 6, r.stderr
+    assert "SECRET" not in r.stderr and "Traceback" not in r.stderr
+    (inv / "group_vars" / "all" / "zz-extra.yml").write_text(
+        "---\npdnode_router_extra_args: {jwt_issuer: 'https://idp.example', postgres_db_url: "
+        "'postgres://pd:SECRET@db.example/pd', retry_max_retries: -5}\n")
+    r = _cli("check", str(inv))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert "3 problems" in lines[0] and len(lines) == 4 and all("sglang-router 0.3.2 refuses it" in x for x in lines[1:])
+    assert "SECRET" not in r.stderr and "Traceback" not in r.stderr
 
 
 ROLE_CASES = {

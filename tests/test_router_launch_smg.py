@@ -54,10 +54,14 @@ def fake_smg(monkeypatch):
             assert not use_router_prefix
             _add_table_args(parser, SMG)
 
+    class Parsed(argparse.Namespace):
+        def _validate_router_args(self) -> None:  # the real one logs its policy choices
+            pass
+
     def parse_router_args(argv: list[str]) -> argparse.Namespace:
         p = argparse.ArgumentParser()
         RouterArgs.add_cli_args(p)
-        return p.parse_args(argv)
+        return p.parse_args(argv, namespace=Parsed())
 
     pkg = types.ModuleType("smg")
     ra = types.ModuleType("smg.router_args")
@@ -65,7 +69,9 @@ def fake_smg(monkeypatch):
     lr = types.ModuleType("smg.launch_router")
     lr.parse_router_args = parse_router_args
     lr.launch_router = calls.append
-    for name, mod in (("smg", pkg), ("smg.router_args", ra), ("smg.launch_router", lr)):
+    rt = types.ModuleType("smg.router")  # Router.from_args builds the router; start() would run it
+    rt.Router = types.SimpleNamespace(from_args=lambda args: None)
+    for name, mod in (("smg", pkg), ("smg.router_args", ra), ("smg.launch_router", lr), ("smg.router", rt)):
         monkeypatch.setitem(sys.modules, name, mod)
     # sglang-router must not be what starts: make importing it fail loudly
     for name in ("sglang_router", "sglang_router.launch_router", "sglang_router.router_args"):
@@ -156,6 +162,53 @@ def test_an_argument_of_the_other_router_is_one_line(tmp_path, fake_smg, capsys)
     assert err == [f"pdnode.router_launch: {rj}: mini_lb: not an argument of smg 1.13.0 (installed in {sys.prefix}); "
                    "remove it, or start the package it belongs to (--router-package)"]
     assert not fake_smg
+
+
+# --- the real packages judge (both are pinned in .venv): what `pdnode check` asks ------------
+def _real(package: str) -> None:
+    pytest.importorskip(router_launch.PACKAGES[package])  # scripts/setup installs both
+
+
+@pytest.mark.parametrize("package", ["sglang-router", "smg"])
+@pytest.mark.parametrize(("extra", "reason"), [
+    ({}, None),
+    ({"retry_max_retries": -5}, "OverflowError: out of range integral type conversion attempted"),
+    ({"policy": "bucket"}, "argument --policy: invalid choice: 'bucket'"),
+    ({"history_backend": "redis"}, "TypeError: "),  # no --redis-url: the router's own config refuses it
+    ({"jwt_issuer": "https://idp.example"}, "jwt_issuer must not be in the router JSON: keys come from"),
+    ({"postgres_db_url": "postgres://pd:pw@db.example/pd"}, "postgres_db_url must not be in the router JSON"),
+])
+def test_judge_asks_the_installed_package(tmp_path, package, extra, reason):
+    _real(package)
+    router = json.loads(Path(_router_json(tmp_path, **extra)).read_text())
+    said = router_launch.judge(router, package, api_key=True)
+    if reason is None:
+        assert said == []
+    else:
+        assert len(said) == 1 and said[0].startswith(reason), said
+
+
+def test_the_doors_are_pdnodes_rule_not_the_packages(tmp_path):
+    """smg itself starts with its mesh and WASM on: refusing them is the plan's policy."""
+    _real("smg")
+    router = json.loads(Path(_router_json(tmp_path, enable_mesh=True, mesh_host="0.0.0.0", enable_wasm=True)).read_text())
+    assert router_launch.judge(router, "smg") == []
+    _real("sglang-router")
+    assert router_launch.judge(json.loads(Path(_router_json(tmp_path, mini_lb=True)).read_text()), "sglang-router") == []
+
+
+@pytest.mark.parametrize("package", ["sglang-router", "smg"])
+def test_dry_run_asks_the_package_and_says_why_in_one_line(tmp_path, capsys, package):
+    _real(package)
+    rj = _router_json(tmp_path, retry_max_retries=-5)
+    admin = _key(tmp_path, "a", ADMIN)
+    assert router_launch.main([rj, "--router-package", package, "--admin-key-file", admin, "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"pdnode.router_launch: {rj}: OverflowError: out of range integral type conversion attempted"]
+    rj = _router_json(tmp_path)
+    assert router_launch.main([rj, "--router-package", package, "--admin-key-file", admin, "--dry-run"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("--pd-disaggregation ") and ADMIN not in out.out + out.err
 
 
 # --- the tables ------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "path-normalized": ({"pdnode_config_dir": "/etc/sglang-pd/"}, set()),
     "path-not-system-dir": ({"pdnode_config_dir": "/etc"}, set()),
     "controller-path-pattern": ({"pdnode_wheelhouse": "-r evil"}, set()),
+    "api-key-file-one-key": ({"pdnode_api_key_file": "README.md"}, set()),  # a file, but not one key
     "service-user-not-root": ({"pdnode_service_user": "root"}, set()),
     "service-user-name": ({"pdnode_service_user": "Sglang"}, set()),
     "service-prefix-name": ({"pdnode_service_prefix": "pd-"}, set()),
@@ -96,6 +97,10 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "extra-arg-no-flag": ({"prefill[0]": {"extra_args": {"grpc_worker_threads": 4}}}, set()),
     "extra-arg-secret": ({"prefill[0]": {"extra_args": {"admin_api_key": "S3CRET"}}}, set()),
     "extra-arg-value": ({"prefill[0]": {"extra_args": {"chunked_prefill_size": "abc"}}}, set()),
+    "exposing-arg": ({"prefill[0]": {"extra_args": {"decoupled_spec_bind_endpoint": "tcp://0.0.0.0:5555"}}}, set()),
+    "exposing-arg-allowed": ({"prefill[0]": {"extra_args": {"otlp_traces_endpoint": "collector.example:4317"}},
+                              "pdnode_allow_exposing_args": ["otlp_traces_endpoint"]}, set()),
+    "exposing-allow-known": ({"pdnode_allow_exposing_args": ["otlp_endpoint"]}, set()),
     "port-range": ({"prefill[0]": {"port": 80}}, set()),
     "port-collision": ({"prefill[0]": {"port": 8000}}, set()),
     "router-port-not-30000": ({"pdnode_router_port": 30000}, set()),
@@ -115,6 +120,9 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "router-arg-unknown": ({"pdnode_router_extra_args": {"no_such_option": 1}}, set()),
     "router-arg-secret": ({"pdnode_router_extra_args": {"oracle_password": "S3CRET"}}, set()),
     "router-arg-value": ({"pdnode_router_extra_args": {"retry_max_retries": "many"}}, set()),
+    "router-arg-refused": ({"pdnode_router_extra_args": {"jwt_issuer": "https://idp.example"}}, set()),
+    "router-judge-unavailable": ({"pdnode_sglang_router_version": "0.3.1",
+                                  "pdnode_router_extra_args": {"retry_max_retries": 3}}, set()),
     "router-metrics-loopback": ({"pdnode_router_metrics_host": "0.0.0.0"}, set()),
     "capacity-weights-gb": ({"pdnode_model_weights_gb": 0}, set()),
     "capacity-model-dir": ({"pdnode_model_weights_gb": None, "pdnode_model_controller_path": "tests/no-such-model"},
@@ -215,7 +223,8 @@ def test_every_problem_of_the_plan_tests_has_a_registered_id(gpu01_vars, changes
 
 # The checker's calls in the plan's modules: c.error / c.warn / self.error (plan,
 # instances, ports), error (values), WeightsError (capacity).
-MODULES = ["plan.py", "instances.py", "ports.py", "values.py", "capacity.py", "cluster.py"]
+MODULES = ["plan.py", "instances.py", "ports.py", "values.py", "capacity.py", "cluster.py", "guards.py",
+           "router_judge.py"]
 _FORWARDS = {"rule_id"}  # c.error(exc.rule_id, ...) passes on an id set at the source
 
 

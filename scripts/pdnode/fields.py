@@ -15,7 +15,7 @@ REQUIRED = object()  # marker: the inventory must set it
 @dataclass(frozen=True)
 class Field:
     name: str
-    kind: str  # int | float | str | bool | int_list | dict | str_or_none | int_or_none
+    kind: str  # int | float | str | bool | int_list | str_list | dict | str_or_none | int_or_none
     default: Any
     doc: str
 
@@ -71,6 +71,9 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_router_package", "str", "sglang-router",
        "sglang-router | smg (its successor; docs/smg.md says why sglang-router stays the default)"),
     _F("pdnode_router_extra_args", "dict", {}, "more arguments of the router package (underscored names, types and choices of its parser; no secrets)"),
+    _F("pdnode_allow_exposing_args", "str_list", [], "engine and router arguments that open a door (a listener beyond "
+       "loopback, no API key check, data or weights over the network; docs/security.md lists them) allowed anyway, "
+       "each with a warning, e.g. [otlp_traces_endpoint]; `mesh_*` allows smg's mesh arguments"),
     # Environment of the engines (SGLANG_*, MC_*, ...), common to prefill and decode
     _F("pdnode_engine_environment", "dict", {}, "extra environment for prefill and decode (names A-Z 0-9 _; values letters, digits, _ . , : / @ + = -)"),
     # Versions

@@ -16,9 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from . import cluster
+from . import argtable, cluster, guards, router_judge, values
 from . import instances as inst_rules
-from . import values
 from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
 from .instances import Instance
 from .ports import allocate
@@ -166,6 +165,7 @@ class _Checker:
             "bool": lambda v: isinstance(v, bool),
             "dict": lambda v: isinstance(v, dict),
             "int_list": lambda v: isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v),
+            "str_list": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
             "float_or_none": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
             "instance_list": lambda v: isinstance(v, list),
         }[spec.kind](value)
@@ -174,7 +174,7 @@ class _Checker:
                        "write the literal value; the plan is computed without Ansible")
             return None
         if not ok:
-            want = {"int_list": "a list of integers", "int_or_none": "an integer or null",
+            want = {"int_list": "a list of integers", "str_list": "a list of names", "int_or_none": "an integer or null",
                     "str_or_none": "a non-empty string or null", "str": "a non-empty string", "int": "an integer",
                     "float": "a number", "bool": "true or false", "dict": "a mapping",
                     "float_or_none": "a number or null", "instance_list": "a list of instance mappings"}[spec.kind]
@@ -288,6 +288,9 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     skip = values.backstop(c.raw, [f.name for f in FIELDS], c.error)
     values.check_settings(v, skip, c.error)
     values.check_role_values(c.raw, c.error)
+    if "pdnode_api_key_file" not in {p.field for p in c.problems}:
+        guards.check_api_key_file(c.error, v["pdnode_api_key_file"], REPO_ROOT)  # exactly one key, never shown
+    allow = guards.allowed(c.error, v["pdnode_allow_exposing_args"])
     if v["pdnode_model_load_format"] is not None and "pdnode_model_load_format" not in skip:
         values.check_load_format(c.error, v["pdnode_model_load_format"])
 
@@ -336,7 +339,11 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     ib_map = _check_transfer(c, v["pdnode_transfer_backend"], v["pdnode_ib_devices"],
                              sorted({g for i in engines if host in i.hosts for g in i.gpus}))
     _check_thresholds(c, v["pdnode_verify_thresholds"])
-    _check_router(c, v)
+    # Arguments that open a door (a listener beyond loopback, no key, data off the node):
+    # only with pdnode_allow_exposing_args; a field refused for another cause is not repeated.
+    guards.check_engine_doors(c.error, c.warn, allow, [(f"{i.field}.extra_args", i.extra_args) for i in engines],
+                              v["pdnode_model_load_format"], {p.field for p in c.problems})
+    _check_router(c, v, allow)
     ports = allocate(c, engines, {
         "router.port": ("pdnode_router_port", v["pdnode_router_port"]),
         "router.metrics_port": ("pdnode_router_metrics_port", v["pdnode_router_metrics_port"]),
@@ -350,7 +357,17 @@ def build_plan(variables: dict[str, Any], host: str = "node",
 
     if c.problems or layout is None:
         raise PlanError(c.problems)
-    return _derive(v, engines, ib_map, ports, c.warnings, layout)
+    plan = _derive(v, engines, ib_map, ports, c.warnings, layout)
+    if "router" in plan.services:
+        # The router package decides whether it starts with these arguments: ask it (the
+        # plan's argv, the keys the launcher adds), once everything else holds.
+        extras = v["pdnode_router_extra_args"] if isinstance(v["pdnode_router_extra_args"], dict) else {}
+        router_judge.check(c.error, c.warn, plan.services["router"]["args"], v["pdnode_router_package"],
+                           v[ROUTER_PACKAGES[v["pdnode_router_package"]]], [str(k) for k in extras],
+                           api_key=bool(v["pdnode_api_key_file"]))
+        if c.problems:
+            raise PlanError(c.problems)
+    return plan
 
 
 def _check_capacity(c: _Checker, v: dict[str, Any], engines: list[Instance], skip: set[str]) -> None:
@@ -375,7 +392,7 @@ def _check_capacity(c: _Checker, v: dict[str, Any], engines: list[Instance], ski
         (c.error if f.severity == "error" else c.warn)(f.rule_id, f.field, f.value, f.rule, f.fix)
 
 
-def _check_router(c: _Checker, v: dict[str, Any]) -> None:
+def _check_router(c: _Checker, v: dict[str, Any], allow: set[str]) -> None:
     package = v["pdnode_router_package"]
     if package not in ROUTER_PACKAGES:
         c.error("router-package-known", "pdnode_router_package", package, "is not a router package pdnode starts",
@@ -404,6 +421,9 @@ def _check_router(c: _Checker, v: dict[str, Any]) -> None:
             c.error("router-arg-owned",
                     f"pdnode_router_extra_args.{key}", value, f"is set by the plan from {OWNED_ROUTER_ARGS[key]}",
                     "remove it from pdnode_router_extra_args")
+        elif key in argtable.load(argtable.ROUTER_TABLES[package]) and guards.router_door(c.error, c.warn, allow,
+                                                                                           key, value):
+            continue  # an argument of the package that opens a door: refused (one line per cause)
         else:
             values.check_router_arg(c.error, key, value, package)  # known name, type, choices, secrets
     metrics_host = v["pdnode_router_metrics_host"]

@@ -4,6 +4,9 @@ JSON the plan rendered (runs on the host).
     python -m pdnode.router_launch ROUTER.json [--router-package auto|sglang-router|smg]
         [--admin-key-file PATH] [--api-key-file PATH] [--dry-run]
 
+--dry-run prints the router's arguments (keys redacted) after asking the package's own
+parser whether it would start with them (``judge``); it starts nothing.
+
 The JSON holds the router's argument names (underscored); both packages take the same
 names for everything the plan sets (docs/smg.md). Which package starts:
 --router-package names it (the plan writes it into the unit); `auto` (the default, what
@@ -27,9 +30,12 @@ they never show in /proc/<pid>/cmdline or in `ps`:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import io
 import json
+import logging
 import sys
 from importlib import metadata
 from typing import Any
@@ -117,6 +123,44 @@ def check_router_json(router: Any, package: str, known: set[str]) -> list[str]:
     return problems
 
 
+# What judge() passes where the launcher passes the keys (placeholders, not secrets).
+PLACEHOLDER_KEY = "pdnode-judge-placeholder-client-key"  # noqa: S105
+PLACEHOLDER_ADMIN_KEY = "0" * 64
+
+
+def judge(router: Any, package: str, *, api_key: bool = False, admin_key: bool = True) -> list[str]:
+    """What starting ROUTER with PACKAGE would refuse, one line each (empty: it would start),
+    without starting anything: this launcher's own check of the JSON, then the package's
+    own parser (``parse_router_args``) on the argv this launcher builds, the keys it adds
+    as placeholders, then the package's ``_validate_router_args`` and ``Router.from_args``
+    (which builds the router from its arguments without running it), as ``launch_router``
+    does before ``start()``. `pdnode check` asks this (pdnode.router_judge)."""
+    problems = check_router_json(router, package, known_args(package) if isinstance(router, dict) else set())
+    if problems:
+        return problems
+    launcher = importlib.import_module(f"{PACKAGES[package]}.launch_router")
+    rust = importlib.import_module(f"{PACKAGES[package]}.router")
+    err = io.StringIO()
+    level = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)  # the packages log their choices; a verdict is the answer
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            cli = router_argv(router) + secret_args(PLACEHOLDER_KEY if api_key else None,
+                                                    PLACEHOLDER_ADMIN_KEY if admin_key else None)
+            args = launcher.parse_router_args(cli)
+            if not getattr(args, "mini_lb", False):  # 0.3.2 starts its Python mini LB without these
+                args._validate_router_args()  # noqa: SLF001 - what launch_router calls
+                rust.Router.from_args(args)
+    except SystemExit:
+        said = [line.split(": error: ", 1)[1] for line in err.getvalue().splitlines() if ": error: " in line]
+        return [said[-1] if said else "its parser refused the arguments"]
+    except Exception as exc:  # what launch_router would raise at start
+        return [f"{type(exc).__name__}: {exc}".splitlines()[0]]
+    finally:
+        logging.disable(level)
+    return []
+
+
 def launch(package: str, cli: list[str]) -> None:
     """Parse and start the router in this process (blocks until it stops)."""
     module = importlib.import_module(f"{PACKAGES[package]}.launch_router")
@@ -142,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, SecretError, LaunchError) as exc:
         print(f"pdnode.router_launch: {args.router_json}: {exc}", file=sys.stderr)
         return 2
-    problems = check_router_json(router, package, known_args(package) if isinstance(router, dict) else set())
+    if args.dry_run:  # the package's own parser too: what it would refuse at start
+        problems = judge(router, package, api_key=key is not None, admin_key=admin is not None)
+    else:
+        problems = check_router_json(router, package, known_args(package) if isinstance(router, dict) else set())
     if problems:
         for problem in problems:
             print(f"pdnode.router_launch: {args.router_json}: {problem}", file=sys.stderr)

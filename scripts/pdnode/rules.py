@@ -45,6 +45,9 @@ RULES: tuple[Rule, ...] = (
          "are not a system directory nor lie in one"),
     Rule("controller-path-pattern", "error", "a controller path (`pdnode_wheelhouse`, `pdnode_api_key_file`) holds "
          "only letters, digits and `. _ / + -` and does not start with `-`"),
+    Rule("api-key-file-one-key", "error", "the controller file `pdnode_api_key_file` names (when it exists) holds "
+         "exactly one key: 16-4096 printable ASCII characters without spaces on one line (never a private key); "
+         "the message never shows its content"),
     Rule("service-user-not-root", "error", "the services do not run as root"),
     Rule("service-user-name", "error", "`pdnode_service_user` is a POSIX system user name"),
     Rule("service-prefix-name", "error", "`pdnode_service_prefix` (it names the units) is a-z first, then a-z 0-9 -"),
@@ -108,6 +111,15 @@ RULES: tuple[Rule, ...] = (
          "it)"),
     Rule("extra-arg-secret", "error", "an argument that holds a secret (it would be on argv and in the JSON)"),
     Rule("extra-arg-value", "error", "a value the flag does not accept (type, choices, a leading `-`)"),
+    # --- arguments that open a door (pdnode.guards; docs/security.md)
+    Rule("exposing-arg", "error", "an engine or router argument that opens a listener beyond loopback, serves "
+         "without the API key, runs uploaded code, routes to workers the plan does not list, or sends data or "
+         "loads weights over the network (`decoupled_spec_bind_endpoint`, `otlp_traces_endpoint` off loopback, "
+         "`pdnode_model_load_format: remote`, `mini_lb`, `enable_mesh`, `mesh_*`, `enable_wasm`, ...) unless "
+         "`pdnode_allow_exposing_args` names it"),
+    Rule("exposing-arg-allowed", "warning", "such an argument, allowed by `pdnode_allow_exposing_args`"),
+    Rule("exposing-allow-known", "error", "a `pdnode_allow_exposing_args` entry names an argument the plan refuses "
+         "as opening a door"),
     # --- ports
     Rule("port-range", "error", "a port is unprivileged (1024-65535; an instance with DP attention also needs "
          "port+233..+239)"),
@@ -148,6 +160,11 @@ RULES: tuple[Rule, ...] = (
     Rule("router-arg-unknown", "error", "not an argument of sglang-router 0.3.2"),
     Rule("router-arg-secret", "error", "a router argument that holds a secret"),
     Rule("router-arg-value", "error", "a value the router flag does not accept"),
+    Rule("router-arg-refused", "error", "the router package the plan installs refuses the router's arguments: "
+         "pdnode's launcher check and the package's own parser and pre-start steps, asked by `pdnode check` on the "
+         "plan's router argv (one line per refused `pdnode_router_extra_args` entry)"),
+    Rule("router-judge-unavailable", "warning", "the router's own validation could not be asked about "
+         "`pdnode_router_extra_args` (the controller lacks the release the plan installs)"),
     Rule("router-metrics-loopback", "warning", "router metrics bound beyond loopback are reachable from other "
          "hosts"),
     # --- capacity (pdnode_model_weights_gb / pdnode_model_controller_path)
