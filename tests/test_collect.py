@@ -12,10 +12,12 @@ import http.server
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
 import threading
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -86,9 +88,88 @@ def test_the_deployed_unit_template_has_nothing_to_redact():
     assert collect.redact_unit(text) == (text, 0)
 
 
-def test_scrub_counts_and_replaces_known_values_but_not_short_ones():
+def test_scrub_counts_and_replaces_every_known_value_whatever_its_length():
+    """Issue 17: keys under 8 characters were left in the bundle. A key pdnode_api_key_file
+    accepts has 16 or more; an older, shorter one is still stripped (its bytes elsewhere too:
+    over-redaction, never a leak)."""
     data, n = collect.scrub(b"a KEY123456 b KEY123456 c short", [b"KEY123456", b"short"])
-    assert (data, n) == (b"a <redacted> b <redacted> c short", 2)
+    assert (data, n) == (b"a <redacted> b <redacted> c <redacted>", 3)
+
+
+# Issue 17: every form a known key takes in a text. A key with a backslash, quotes, '%',
+# '/', '+', '&' and '=' escapes differently in each.
+ODD_KEY = "pd-K3y\\x41\\'q\"dq%2F+/&=~"
+
+
+@pytest.mark.parametrize(("form", "text"), [
+    ("raw", ODD_KEY),
+    ("json", json.dumps({"api_key": ODD_KEY})),
+    ("json_escaped_slash", json.dumps({"api_key": ODD_KEY}).replace("/", "\\/")),
+    ("repr", repr({"api_key": ODD_KEY})),
+    ("repr_single_quote_only", repr("pd-only'single-quote-key")),
+    ("url_encoded", "GET /v1/models?api_key=" + urllib.parse.quote(ODD_KEY, safe="")),
+    ("url_encoded_lower", "key=" + re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(),
+                                          urllib.parse.quote(ODD_KEY, safe=""))),
+    ("form_encoded", "key=" + urllib.parse.quote_plus(ODD_KEY)),
+    ("json_of_repr", json.dumps({"line": f"server_args={ {'api_key': ODD_KEY} }"})),
+])
+def test_scrub_finds_the_key_in_every_form(form, text):
+    keys = [ODD_KEY.encode(), b"pd-only'single-quote-key"]
+    data, n = collect.scrub(f"before {text} after".encode(), keys)
+    assert n == 1, form
+    assert data.startswith(b"before ") and data.endswith(b" after") and b"<redacted>" in data
+    for secret in keys:
+        assert all(f not in data for f in collect.secret_forms(secret)), form
+    assert b"K3y" not in data and b"single-quote" not in data, form
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    (b"db_url: postgres://pd:pw@db.example:5432/pd, x", b"db_url: postgres://<redacted>@db.example:5432/pd, x"),
+    (b"redis://:pw@cache:6379/0", b"redis://<redacted>@cache:6379/0"),
+    (b"https://ghp_token@github.example/org/repo.git", b"https://<redacted>@github.example/org/repo.git"),
+    (b"mongodb+srv://u:p@ss@h.example/db", b"mongodb+srv://<redacted>@h.example/db"),  # the last '@' ends it
+    (b'{"url": "postgres:\\/\\/u:pw@h\\/db"}', b'{"url": "postgres:\\/\\/<redacted>@h\\/db"}'),
+    (b"{'otlp': 'http://otel:pw@c.example:4317', 'who': 'a@b.example'}",
+     b"{'otlp': 'http://<redacted>@c.example:4317', 'who': 'a@b.example'}"),
+    (b"GET http://127.0.0.1:30000/health ok", b"GET http://127.0.0.1:30000/health ok"),
+    (b"mail ops@example.com about http://host.example/a@b", b"mail ops@example.com about http://host.example/a@b"),
+])
+def test_credentials_in_urls_are_removed(text, want):
+    out, n = collect.redact_url_credentials(text)
+    assert out == want and n == (out != text)
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "logs"
+SGLANG_KEY = "pd-K3y\\x41\\'q\"dq%2F+/&=~"  # tests/fixtures/logs/README.md
+ROUTER_KEY, ROUTER_ADMIN_KEY = "rk-Cl13nt\\key/+%20xyz", "adm-0123456789abcdef\\qq"
+
+
+def test_sglangs_real_start_up_lines_keep_no_key_and_no_url_credentials(tmp_path):
+    """SGLang 0.5.23 logs `server_args={...}` (and its ServerArgs repr) with the key
+    repr-escaped: a backslash doubled, a quote escaped. Both lines lose it, and the
+    otlp endpoint's credentials."""
+    log = (FIXTURES / "sglang-0.5.23-startup.log").read_bytes()
+    assert log.count(repr(SGLANG_KEY)[1:-1].encode()) == 2 and SGLANG_KEY.encode() not in log  # only escaped
+    b = collect.Bundle(tmp_path, "h", [SGLANG_KEY.encode()])
+    b.add("journal/sglang-pd-prefill-0.service.txt", log, {"command": ["journalctl"]})
+    out = (tmp_path / "h/journal/sglang-pd-prefill-0.service.txt").read_bytes()
+    assert all(f not in out for f in collect.secret_forms(SGLANG_KEY.encode()))
+    assert b"K3y" not in out and b"Otel%2FPw0rd" not in out and b"otel:" not in out
+    assert out.count(b"'api_key': '<redacted>'") == 1 and out.count(b"api_key='<redacted>'") == 1
+    assert out.count(b"http://<redacted>@collector.example:4317") == 2
+    entry = b.files[0]
+    assert entry["secret_values_removed"] == 2 and entry["url_credentials_removed"] == 2
+    assert out.count(b"\n") == log.count(b"\n")  # line for line: only the secrets changed
+
+
+def test_the_routers_real_start_up_lines_keep_no_url_credentials(tmp_path):
+    """sglang-router 0.3.2 and smg 1.13.0 log neither key and star the database password;
+    the user name in the URL goes too."""
+    log = (FIXTURES / "router-startup.log").read_bytes()
+    assert b"### sglang_router" in log and b"### smg" in log
+    out, n, m = collect.clean(log, [ROUTER_KEY.encode(), ROUTER_ADMIN_KEY.encode()])
+    assert n == 0 and m == log.count(b"postgres://pduser:") >= 3
+    assert b"pduser" not in out and b"postgres://<redacted>@127.0.0.1:1/pd" in out
 
 
 # --- one host, collected on the controller ---------------------------------------------------

@@ -21,8 +21,10 @@ On the controller:
 Every command runs from an argument list (never a shell) with a timeout, its output
 capped; a failing command is recorded in the manifest and the bundle goes on. The API
 key and the router's admin key files are never copied: the bundle has their mode, owner
-and size. Their values are held in memory only to strip them from everything collected
-(a key that a log line leaked is replaced and counted, so the manifest says where).
+and size. Their values are held in memory only to strip them from everything collected,
+in every form a text can hold them (raw, JSON- and repr-escaped, URL-encoded; a key that
+a log line leaked is replaced and counted, so the manifest says where); credentials in
+any URL (scheme://user:pass@host) are replaced too.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import tarfile
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -76,9 +79,11 @@ SECRET_WORDS = frozenset({"key", "keys", "apikey", "secret", "secrets", "token",
                           "passphrase", "credential", "credentials"})
 LOCATION_WORDS = frozenset({"file", "path", "dir"})
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-# Known secret values shorter than this are not stripped from texts: a short string
-# would match innocent bytes everywhere (the keys pdnode makes are 64 characters).
-MIN_SCRUB_LEN = 8
+# Credentials in a URL of any scheme (postgres://user:pass@host, redis://:pass@host,
+# https://token@host), also with JSON-escaped slashes: the userinfo up to the last '@'
+# of the authority (which ends at '/', '?', '#', whitespace, '"', '<' or '>'). Replaced
+# whole, user included; a URL without '@' is left alone.
+_URL_AUTHORITY = re.compile(rb"([A-Za-z][A-Za-z0-9+.\-]*:(?:\\?/){2})([^/?#\s\"<>]*@)")
 
 XID = re.compile(rb"NVRM: Xid|\bXid\b")
 ENV_LINE = re.compile(r"^(\s*(?:export\s+)?)([A-Za-z_][A-Za-z0-9_.-]*)(\s*=\s*)(.*)$")
@@ -211,14 +216,57 @@ def redact_unit(text: str) -> tuple[str, int]:
     return "".join(lines), n
 
 
+def _escapes(text: str) -> set[str]:
+    """TEXT as a JSON string body (ASCII-escaped or not, '/' escaped or not) and as a
+    Python repr body (either quote)."""
+    out = {json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1], repr(text)[1:-1]}
+    out |= {e.replace("/", "\\/") for e in list(out)}
+    out.add(text.replace("\\", "\\\\").replace("'", "\\'"))  # repr's body when the text also holds '"'
+    out.add(text.replace("\\", "\\\\").replace('"', '\\"'))
+    return out
+
+
+def secret_forms(secret: bytes) -> list[bytes]:
+    """Every form a known secret takes in a text, longest first: as it is, JSON-escaped,
+    repr-escaped (SGLang logs its server_args with repr: a '\\' in the key doubles),
+    URL-encoded (upper- and lower-case hex, '+' or %20 for a space), and each escape of
+    an escape or of an encoding once more (a repr in a JSON log line, ...)."""
+    try:
+        text = secret.decode("utf-8")
+    except UnicodeDecodeError:
+        return [secret] if secret else []
+    if not text:
+        return []
+    encoded = {urllib.parse.quote(text, safe=""), urllib.parse.quote(text, safe="/"),
+               urllib.parse.quote_plus(text, safe="")}
+    encoded |= {re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), e) for e in list(encoded)}
+    forms = {text} | _escapes(text) | encoded
+    forms |= {e for f in list(forms) for e in _escapes(f)}
+    return sorted({f.encode("utf-8") for f in forms}, key=lambda f: (-len(f), f))
+
+
 def scrub(data: bytes, secrets: list[bytes]) -> tuple[bytes, int]:
-    """DATA with every occurrence of a known secret value replaced; and how many were."""
+    """DATA with every occurrence of a known secret value replaced, in every form it takes
+    (secret_forms), whatever its length; and how many were."""
     n = 0
     for secret in secrets:
-        if len(secret) >= MIN_SCRUB_LEN and secret in data:
-            n += data.count(secret)
-            data = data.replace(secret, REDACTED.encode())
+        for form in secret_forms(secret):
+            if form in data:
+                n += data.count(form)
+                data = data.replace(form, REDACTED.encode())
     return data, n
+
+
+def redact_url_credentials(data: bytes) -> tuple[bytes, int]:
+    """DATA with the userinfo of every URL replaced (scheme://<redacted>@host); and how many."""
+    return _URL_AUTHORITY.subn(lambda m: m.group(1) + REDACTED.encode() + b"@", data)
+
+
+def clean(data: bytes, secrets: list[bytes]) -> tuple[bytes, int, int]:
+    """DATA with the known secrets (scrub) and URL credentials removed; and how many of each."""
+    data, n = scrub(data, secrets)
+    data, m = redact_url_credentials(data)
+    return data, n, m
 
 
 def read_key_value(path: str) -> bytes | None:
@@ -337,7 +385,7 @@ class Bundle:
 
     def add(self, rel: str, data: bytes, source: dict[str, Any], *, redactions: int = 0) -> None:
         """Write DATA (secrets stripped, capped) to <host>/REL and record it."""
-        data, scrubbed = scrub(data, self.secrets)
+        data, scrubbed, urls = clean(data, self.secrets)
         truncated = False
         room = min(MAX_FILE_BYTES, self.max_bytes - self.total)
         if room <= 0:
@@ -359,6 +407,8 @@ class Bundle:
             # A key's value was in this text (a log line, an answer): it is replaced here,
             # and it is on the host in clear. That is a finding in itself.
             entry["secret_values_removed"] = scrubbed
+        if urls:
+            entry["url_credentials_removed"] = urls
         self.files.append(entry)
 
     def run(self, rel: str, argv: list[str], *, timeout: float = COMMAND_TIMEOUT_S,
@@ -391,7 +441,7 @@ class Bundle:
                 source["error"] = f"timed out after {timeout:.0f} s (output so far kept)"
             source["duration_s"] = round(time.monotonic() - t0, 3)
             if proc.returncode not in ok_codes and "error" not in source and err:
-                tail, _ = scrub(err[-600:], self.secrets)
+                tail, _, _ = clean(err[-600:], self.secrets)
                 source["stderr_tail"] = tail.decode("utf-8", "replace").strip()
             out.seek(0)
             data = out.read(MAX_FILE_BYTES + 1)
@@ -762,11 +812,12 @@ def _add_verify_report(host: str, safe: str, verify_dir: Path | None, members: l
         raw = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
     except ValueError:
         pass
+    raw, urls = redact_url_credentials(raw)
     age = int(time.time() - src.stat().st_mtime)
     members.append((rel, raw))
     files.append({"host": host, "path": rel, "size": len(raw), "sha256": hashlib.sha256(raw).hexdigest(),
                   "command": ["read", str(src), "(on the controller)"], "age_s": age,
-                  **({"redacted_values": n} if n else {})})
+                  **({"redacted_values": n} if n else {}), **({"url_credentials_removed": urls} if urls else {})})
 
 
 def main_merge(args: argparse.Namespace) -> int:
