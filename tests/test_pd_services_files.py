@@ -21,7 +21,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = ROOT / "roles" / "pd_services" / "library" / "pd_services_files.py"
 ADMIN_KEY = ROOT / "roles" / "pd_services" / "files" / "admin_key.py"
-pytest.importorskip("ansible.module_utils.basic")
+# not a skip: ansible-core is pinned in .venv (pyproject.toml), which scripts/setup makes
+try:
+    import ansible.module_utils.basic  # noqa: F401 - what the module under test runs on
+except ImportError as exc:
+    raise ImportError(f"{exc}: ansible-core is missing; run scripts/setup (it installs .venv)") from None
 
 USER = pwd.getpwuid(os.getuid()).pw_name
 GROUP = grp.getgrgid(os.getgid()).gr_name
@@ -250,3 +254,146 @@ def test_admin_key_made_once_private_and_never_printed(tmp_path):
     subprocess.run(cmd, input=ADMIN_KEY.read_text(), capture_output=True, text=True, check=True)
     assert key.read_text() == value
     assert sorted(p.name for p in tmp_path.iterdir()) == ["router-admin-key"]
+
+
+# --- issue 17, section 6: the key in the all-or-nothing set; nothing disabled before -------
+KEY_OLD, KEY_NEW = "old-key-0123456789abcdef", "new-key-fedcba9876543210"
+
+
+def kspec(path: Path, **kw) -> dict:
+    return {"path": str(path), "mode": "0400", "owner": USER, "group": GROUP, **kw}
+
+
+def keys(*specs: tuple[Path, str, dict]) -> dict:
+    """The module's secrets and secret_contents for (path, content, more) triples."""
+    return {"secrets": [kspec(p, **kw) for p, _, kw in specs], "secret_contents": [c for _, c, _ in specs]}
+
+
+def test_the_key_waits_for_every_validator_and_changes_with_the_files(tmp_path):
+    """The key was copied before the files were validated: a failed validation left the
+    new key beside the old files, and a crash-restart mixed the keys. Now it is one of the
+    candidates: nothing changes unless everything passes."""
+    key, conf = tmp_path / "api-key", tmp_path / "prefill-0.json"
+    key.write_text(KEY_OLD + "\n")
+    key.chmod(0o400)
+    conf.write_text("{}")
+    files = [fspec(conf, '{"new": 1}'), fspec(tmp_path / "u.service", "U", unit=True, validate=failing_validator("bad"))]
+    failed = run({"files": files, **keys((key, KEY_NEW + "\n", {}))})
+    assert failed["failed"] and "nothing was changed" in failed["msg"]
+    assert key.read_text() == KEY_OLD + "\n" and conf.read_text() == "{}" and leftovers(tmp_path) == []
+    assert KEY_NEW not in json.dumps(failed) and KEY_OLD not in json.dumps(failed)
+    files[1] = fspec(tmp_path / "u.service", "U", unit=True)
+    ok = run({"files": files, **keys((key, KEY_NEW + "\n", {}))})
+    assert not ok.get("failed") and str(key) in ok["changed_paths"]
+    assert key.read_text() == KEY_NEW + "\n" and conf.read_text() == '{"new": 1}'
+    assert oct(key.stat().st_mode & 0o777) == "0o400"
+
+
+def test_a_key_the_host_refuses_changes_nothing_and_is_not_shown(tmp_path):
+    """The validator the role gives the key: the host's own reader (python -m pdnode.secrets)."""
+    key = tmp_path / "api-key"
+    key.write_text(KEY_OLD + "\n")
+    private = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAASECRET\n-----END OPENSSH PRIVATE KEY-----\n"
+    check = [sys.executable, "-m", "pdnode.secrets", "%s"]
+    result = run({"files": [fspec(tmp_path / "a.json", "{}")], **keys((key, private, {"validate": check}))})
+    assert result["failed"] and "holds a private key" in result["msg"] and "\n" not in result["msg"]
+    assert "SECRET" not in json.dumps(result) and "BEGIN" not in json.dumps(result)
+    assert key.read_text() == KEY_OLD + "\n" and not (tmp_path / "a.json").exists()
+    good = run({"files": [], **keys((key, KEY_NEW + "\n", {"validate": check}))})
+    assert not good.get("failed") and key.read_text() == KEY_NEW + "\n"
+
+
+def test_the_key_is_never_in_the_result_the_diff_or_the_hosts_log(tmp_path):
+    logged: list[str] = []
+
+    def patch(mod):
+        real = mod.AnsibleModule.log
+
+        def log(self, msg, log_args=None):
+            logged.append(msg)
+            return real(self, msg, log_args)
+        mod.AnsibleModule.log = log
+
+    key = tmp_path / "api-key"
+    key.write_text(KEY_OLD + "\n")
+    for check in (True, False):
+        # the invocation as the controller asks for it (-v): the module's arguments, masked
+        result = run({"files": [], **keys((key, KEY_NEW + "\n", {})), "_ansible_inject_invocation": True},
+                     check=check, diff=True, patch=patch)
+        text = json.dumps(result) + "\n".join(logged)
+        assert result["changed"] and KEY_NEW not in text and KEY_OLD not in text
+        assert result["diff"][0]["after"] == "(secret: content not shown)\n"
+        shown = result["invocation"]["module_args"]
+        assert shown["secrets"][0]["path"] == str(key) and shown["secret_contents"] == ["VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"]
+    assert logged and any("Invoked with" in m for m in logged)  # the invocation was logged, masked
+    assert key.read_text() == KEY_NEW + "\n"
+
+
+def test_a_key_that_is_also_an_input_counts_once(tmp_path):
+    """The handler records from the key on disk (an input); the write saw it as a candidate:
+    the same digest, so an unchanged key never asks for a restart."""
+    applied, key = tmp_path / "applied", tmp_path / "api-key"
+    args = {"files": _service_files(tmp_path), **keys((key, KEY_NEW + "\n", {"roles": ["prefill", "router"]})),
+            "inputs": [{"path": str(key), "roles": ["prefill", "router"]}], "applied_dir": str(applied)}
+    assert run(args)["restart_roles"] == ["prefill", "router"]
+    run({"files": _service_files(tmp_path), "inputs": args["inputs"], "applied_dir": str(applied),
+         "record": ["prefill", "router"]})
+    again = run(args)
+    assert not again["changed"] and again["restart_roles"] == []
+    # a new key restarts every service that reads it, in check mode already
+    changed = {**args, **keys((key, KEY_OLD + "\n", {"roles": ["prefill", "router"]}))}
+    assert run(changed, check=True)["restart_roles"] == ["prefill", "router"]
+
+
+@pytest.fixture
+def systemctl(tmp_path, monkeypatch):
+    """A systemctl on PATH that records each call and, for `disable`, what was on disk then."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "systemctl.log"
+    bin_dir.mkdir()
+    script = bin_dir / "systemctl"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, sys\n"
+        "seen = {p: open(p).read() if os.path.exists(p) else None for p in os.environ['WATCH'].split(':')}\n"
+        f"open({str(log)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], 'seen': seen}}) + '\\n')\n"
+        "if sys.argv[1:2] == ['disable']:\n"
+        "    sys.stderr.write(''.join(f'Removed \"/etc/systemd/system/x.target.wants/{u}\".\\n' for u in sys.argv[2:]))\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return log
+
+
+def _calls(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_nothing_is_disabled_before_everything_is_validated(tmp_path, systemctl, monkeypatch):
+    """Orphan units were disabled before the files module validated anything: a refused
+    deploy left the old layout's units disabled. Now the module disables them after every
+    validator passed and the new files are in place, and before it removes their files."""
+    orphan = tmp_path / "sglang-pd-decode-1.service"
+    orphan.write_text("[Service]\n")
+    new_unit = tmp_path / "sglang-pd-decode-0.service"
+    monkeypatch.setenv("WATCH", f"{orphan}:{new_unit}")
+    args = {"files": [fspec(new_unit, "[Service]\nNEW\n", unit=True, validate=failing_validator("refused"))],
+            "disable": ["sglang-pd-decode-1.service"], "remove": [str(orphan)]}
+    failed = run(args)
+    assert failed["failed"] and not [c for c in _calls(systemctl) if c["argv"][:1] == ["disable"]]
+    assert orphan.exists() and not new_unit.exists()
+    args["files"][0].pop("validate")
+    ok = run(args)
+    assert not ok.get("failed") and ok["disabled"] == ["sglang-pd-decode-1.service"] and ok["changed"]
+    (disable,) = [c for c in _calls(systemctl) if c["argv"][:1] == ["disable"]]
+    assert disable["argv"] == ["disable", "sglang-pd-decode-1.service"]
+    # at that moment the new unit was written and the orphan's file still there
+    assert disable["seen"] == {str(orphan): "[Service]\n", str(new_unit): "[Service]\nNEW\n"}
+    assert not orphan.exists()  # removed after
+
+
+def test_check_mode_disables_nothing(tmp_path, systemctl, monkeypatch):
+    orphan = tmp_path / "sglang-pd-decode-1.service"
+    orphan.write_text("[Service]\n")
+    monkeypatch.setenv("WATCH", str(orphan))
+    result = run({"files": [], "disable": ["sglang-pd-decode-1.service"], "remove": [str(orphan)]}, check=True)
+    assert result["changed"] and result["disabled"] == [] and orphan.exists()
+    assert not [c for c in _calls(systemctl) if c["argv"][:1] == ["disable"]]

@@ -34,8 +34,9 @@ KEY_FILE = "molecule/node/files/test-api-key"
 
 # One boundary per kind of interruption (the name is the task that then never starts):
 # an input changed but no service file written yet (after the bundle install of the
-# sglang role; after the API key copy), service files written but not loaded (the case
-# reported in issue 9, item 5), units loaded but nothing restarted, some services
+# sglang role), service files and the API key written (one all-or-nothing module call)
+# but the router's admin key not made yet, service files written but not loaded (the
+# case reported in issue 9, item 5), units loaded but nothing restarted, some services
 # restarted, all restarted but not recorded. PDNODE_KILL_ALL=1 adds every other boundary.
 KILL_BEFORE = [
     "sglang : Tell the services whether the release changed",

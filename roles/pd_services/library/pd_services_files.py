@@ -18,6 +18,11 @@ description:
     only on a daemon-reload, which the caller runs after this module. A run killed between
     two renames leaves valid files whose services' digests differ from what they were
     started with, so the next run finishes the writes and restarts them.
+  - O(secrets) (keys) belong to the same all-or-nothing set: validated with the rest,
+    renamed in with the data files. Their content (O(secret_contents)) is a no_log option,
+    never in the diff, the result or the host's log.
+  - O(disable) units are disabled only after every validator passed and the files are in
+    place, before O(remove) takes their files away.
   - Per service (role), the digest of every file it reads (the files here plus O(inputs))
     is compared with the digest recorded when that service was last (re)started
     (O(applied_dir)); a mismatch lists the role in RV(restart_roles) even when nothing was
@@ -58,10 +63,41 @@ options:
         description: A systemd unit file (a change, or systemd's NeedDaemonReload, asks for a daemon-reload).
         type: bool
         default: false
+  secrets:
+    description:
+      - Files that hold a secret (the API key), written like O(files) with O(files[].secret);
+        entry i holds O(secret_contents)[i].
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path: {description: Absolute path., type: path, required: true}
+      mode: {description: Octal mode as a string., type: str, required: true}
+      owner: {description: Owner name., type: str, default: root}
+      group: {description: Group name., type: str, default: root}
+      validate: {description: As O(files[].validate)., type: list, elements: str}
+      roles: {description: Services that read this file., type: list, elements: str, default: []}
+  secret_contents:
+    description:
+      - The contents of O(secrets), in their order. A top-level no_log option, so that
+        Ansible masks each in the invocation, the host's log and the result (a nested
+        option is logged by its repr, where an escaped key no longer matches).
+    type: list
+    elements: str
+    default: []
+    no_log: true
+  disable:
+    description:
+      - Units to C(systemctl disable) after every validator passed and the writes are done,
+        before O(remove) (a unit's file must still be there to be disabled). Not in check mode.
+    type: list
+    elements: str
+    default: []
   inputs:
     description:
       - Files the services read that other tasks install (keys, the release's markers);
         they count in the services' digests, and are never read into the result.
+      - An input that this call also writes (O(files), O(secrets)) counts once, as written.
     type: list
     elements: dict
     default: []
@@ -130,6 +166,11 @@ recorded:
   type: list
   elements: str
   returned: always
+disabled:
+  description: Units of O(disable) that systemctl disabled in this run.
+  type: list
+  elements: str
+  returned: always
 """
 
 import glob
@@ -186,9 +227,12 @@ def _digests(sources, roles):
             for role, lines in per_role.items()}
 
 
-def _input_sources(inputs):
+def _input_sources(inputs, written=frozenset()):
+    """(path, roles, content) of the inputs; a path in WRITTEN counts as written, not here."""
     out = []
     for spec in inputs:
+        if spec["path"] in written:
+            continue
         paths = sorted(glob.glob(spec["path"])) if glob.has_magic(spec["path"]) else [spec["path"]]
         if not paths:
             out.append((spec["path"], spec["roles"], None))
@@ -262,6 +306,16 @@ def _remove_leftovers(dirs):
                     pass
 
 
+def _disable(module, units):
+    """systemctl disable UNITS (argv, no shell); the units it removed links of."""
+    systemctl = module.get_bin_path("systemctl", required=True)
+    rc, _, err = module.run_command([systemctl, "disable", *units], expand_user_and_vars=False)
+    if rc != 0:
+        module.fail_json(msg=f"systemctl disable {' '.join(units)} failed (the files were written, none removed): "
+                             f"{_one_line(err) or f'exit {rc}'}")
+    return [u for u in units if u in err] if "Removed" in err else []
+
+
 def _validate(module, staged, unit_dir):
     """Run every validator (argv, no shell); one line per failure, naming the file."""
     failures = []
@@ -301,6 +355,18 @@ def main():
                 "roles": {"type": "list", "elements": "str", "default": []},
                 "unit": {"type": "bool", "default": False},
             }},
+            "secrets": {"type": "list", "elements": "dict", "default": [], "options": {
+                "path": {"type": "path", "required": True},
+                "mode": {"type": "str", "required": True},
+                "owner": {"type": "str", "default": "root"},
+                "group": {"type": "str", "default": "root"},
+                "validate": {"type": "list", "elements": "str"},
+                "roles": {"type": "list", "elements": "str", "default": []},
+            }},
+            # A top-level no_log option: Ansible logs a nested option's value by its repr, where
+            # a key's newline, backslash or quote no longer matches the value it masks.
+            "secret_contents": {"type": "list", "elements": "str", "default": [], "no_log": True},
+            "disable": {"type": "list", "elements": "str", "default": []},
             "inputs": {"type": "list", "elements": "dict", "default": [], "options": {
                 "path": {"type": "str", "required": True},
                 "roles": {"type": "list", "elements": "str", "required": True},
@@ -312,14 +378,19 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    listed = {spec["path"] for spec in p["files"]}
+    if len(p["secret_contents"]) != len(p["secrets"]):
+        module.fail_json(msg=f"secrets: {len(p['secrets'])} files but {len(p['secret_contents'])} secret_contents")
+    # The keys go with the other files: validated together, renamed in together.
+    specs = p["files"] + [{**spec, "content": content, "secret": True, "unit": False}
+                          for spec, content in zip(p["secrets"], p["secret_contents"])]
+    listed = {spec["path"] for spec in specs}
     bad = [path for path in p["remove"] if not os.path.isabs(path) or path in listed]
     if bad:
         module.fail_json(msg=f"remove: paths must be absolute and not among the files written: {bad}")
-    for spec in p["files"]:
+    for spec in specs:
         if spec["secret"]:
-            module.no_log_values.add(spec["content"])
-    roles = sorted({r for spec in p["files"] for r in spec["roles"]} | {r for spec in p["inputs"] for r in spec["roles"]})
+            module.no_log_values.update({spec["content"], spec["content"].rstrip("\r\n")} - {""})
+    roles = sorted({r for spec in specs for r in spec["roles"]} | {r for spec in p["inputs"] for r in spec["roles"]})
 
     if p["record"] is not None:
         if not p["applied_dir"]:
@@ -328,15 +399,16 @@ def main():
         if unknown:
             module.fail_json(msg=f"record: unknown roles {unknown} (known: {roles})")
         if module.check_mode or not p["record"]:
-            module.exit_json(changed=False, changed_paths=[], restart_roles=[], daemon_reload=False, recorded=[])
-        sources = [(s["path"], s["roles"], _read(s["path"])) for s in p["files"]] + _input_sources(p["inputs"])
+            module.exit_json(changed=False, changed_paths=[], restart_roles=[], daemon_reload=False, recorded=[],
+                             disabled=[])
+        sources = [(s["path"], s["roles"], _read(s["path"])) for s in specs] + _input_sources(p["inputs"], listed)
         digests = _digests(sources, roles)
         _write_records(p["applied_dir"], {r: digests[r] for r in p["record"]})
         module.exit_json(changed=True, changed_paths=[], restart_roles=[], daemon_reload=False,
-                         recorded=sorted(p["record"]))
+                         recorded=sorted(p["record"]), disabled=[])
 
     plan, diffs = [], []
-    for spec in p["files"]:
+    for spec in specs:
         path, want = spec["path"], spec["content"].encode()
         mode = int(spec["mode"], 8)
         try:
@@ -404,10 +476,13 @@ def main():
     if p["applied_dir"]:
         # As the files are now (after the writes), or would be (check mode).
         sources = [(item["path"], item["spec"]["roles"], item["want"] if item["write"] else _read(item["path"]))
-                   for item in plan] + _input_sources(p["inputs"])
+                   for item in plan] + _input_sources(p["inputs"], listed)
         digests = _digests(sources, roles)
         restart = [r for r in roles if _applied(p["applied_dir"], r) != digests[r]]
 
+    # Only now, every validator passed and the files in place: units the plan no longer
+    # has are disabled (their files still there for systemctl), then their files go.
+    disabled = _disable(module, p["disable"]) if p["disable"] and not module.check_mode else []
     removed = [path for path in p["remove"] if os.path.lexists(path)]
     if removed and not module.check_mode:
         for path in removed:
@@ -420,8 +495,8 @@ def main():
         module, [os.path.basename(item["path"]) for item in plan
                  if item["spec"]["unit"] and not _is_drop_in(item["path"])])
     changed_paths = [item["path"] for item in plan if item["write"]] + removed
-    module.exit_json(changed=bool(changed_paths or restart or reload_), changed_paths=changed_paths,
-                     restart_roles=restart, daemon_reload=reload_, recorded=[], diff=diffs)
+    module.exit_json(changed=bool(changed_paths or restart or reload_ or disabled), changed_paths=changed_paths,
+                     restart_roles=restart, daemon_reload=reload_, recorded=[], disabled=disabled, diff=diffs)
 
 
 if __name__ == "__main__":
