@@ -6,6 +6,7 @@ tests/verify/test_router_smg.py runs the real smg."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import types
@@ -166,7 +167,12 @@ def test_an_argument_of_the_other_router_is_one_line(tmp_path, fake_smg, capsys)
 
 # --- the real packages judge (both are pinned in .venv): what `pdnode check` asks ------------
 def _real(package: str) -> None:
-    pytest.importorskip(router_launch.PACKAGES[package])  # scripts/setup installs both
+    # not a skip: both are pinned in .venv (pyproject.toml), which scripts/setup makes
+    try:
+        importlib.import_module(router_launch.PACKAGES[package])
+    except ImportError as exc:
+        raise AssertionError(f"{package} is not importable ({exc}): run scripts/setup (it installs both "
+                             "router packages into .venv)") from None
 
 
 @pytest.mark.parametrize("package", ["sglang-router", "smg"])
