@@ -65,6 +65,7 @@ REFUSED = [
     pytest.param({"pdnode_model_served_name": "x%H"}, "pdnode_model_served_name='x%H': must be a letter or digit first", id="served_percent"),
     pytest.param({"pdnode_model_served_name": "my model"}, "pdnode_model_served_name='my model': must be", id="served_space"),
     pytest.param({"pdnode_model_served_name": "m" * 129}, "pdnode_model_served_name='mmmm", id="served_long"),
+    pytest.param({"pdnode_model_served_name": "org/m:fp8"}, "pdnode_model_served_name='org/m:fp8': must be a letter or digit first", id="served_colon"),
     pytest.param({"pdnode_gpu_model": "NVIDIA H200\x1b[2J"}, "pdnode_gpu_model='NVIDIA H200\\x1b[2J': contains a control character", id="gpu_escape"),
     pytest.param({"pdnode_gpu_model": "NVIDIA;H200"}, "pdnode_gpu_model='NVIDIA;H200': must be a GPU name", id="gpu_semicolon"),
     pytest.param({"pdnode_engine_environment": {"sglang_x": "1"}}, "pdnode_engine_environment.sglang_x='1': the variable name must be", id="env_lower"),
@@ -227,7 +228,7 @@ def test_hostile_value_is_refused_with_one_line(gpu01_vars, changes, start):
 
 
 ACCEPTED = [
-    pytest.param({"pdnode_model_served_name": "org/Model-Name_v1.5:fp8"}, id="served_realistic"),
+    pytest.param({"pdnode_model_served_name": "org/Model-Name_v1.5-fp8"}, id="served_realistic"),
     pytest.param({"pdnode_service_user": "_sglang-pd1"}, id="user"),
     pytest.param({"pdnode_service_prefix": "pd-node2"}, id="prefix"),
     pytest.param({"pdnode_install_root": "/srv/ai/sglang-pd", "pdnode_config_dir": "/etc/sglang-pd.d"}, id="paths"),

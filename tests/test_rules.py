@@ -101,6 +101,8 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "exposing-arg-allowed": ({"prefill[0]": {"extra_args": {"otlp_traces_endpoint": "collector.example:4317"}},
                               "pdnode_allow_exposing_args": ["otlp_traces_endpoint"]}, set()),
     "exposing-allow-known": ({"pdnode_allow_exposing_args": ["otlp_endpoint"]}, set()),
+    "disagg-setting-same-everywhere": ({"decode[0]": {"extra_args": {"disaggregation_enable_kv_checksum": True}}},
+                                       set()),
     "port-range": ({"prefill[0]": {"port": 80}}, set()),
     "port-collision": ({"prefill[0]": {"port": 8000}}, set()),
     "router-port-not-30000": ({"pdnode_router_port": 30000}, set()),
@@ -163,8 +165,13 @@ def _reported(variables_: dict) -> tuple[list, list]:
         return exc.problems, []
 
 
+# Rules of `pdnode check` that come from SGLang's own validation, after the plan is built:
+# tests/conformance/test_check_sglang.py triggers each through the CLI.
+SGLANG_JUDGE_RULES = {"sglang-rejects", "sglang-could-not-judge", "sglang-validation-not-run"}
+
+
 def test_every_rule_has_a_case_and_every_case_a_rule():
-    cases = set(RULE_CASES) | set(PAIR_RULE_CASES)
+    cases = set(RULE_CASES) | set(PAIR_RULE_CASES) | SGLANG_JUDGE_RULES
     assert not set(RULE_CASES) & set(PAIR_RULE_CASES), "a rule has two cases"
     assert sorted(set(BY_ID) - cases) == [], "rules without a case in RULE_CASES or PAIR_RULE_CASES"
     assert sorted(cases - set(BY_ID)) == [], "cases for rules that are not registered"
@@ -257,7 +264,10 @@ def test_every_call_site_passes_a_registered_id():
     # the capacity findings' ids are made by Finding.rule_id, not at a call site
     capacity_source = (ROOT / "scripts" / "pdnode" / "capacity.py").read_text()
     found = {r for r in BY_ID if f'"{r}"' in capacity_source}
-    assert sorted(set(BY_ID) - seen - found) == [], "registered but never passed by any call site"
+    cli_source = (ROOT / "scripts" / "pdnode" / "cli.py").read_text()
+    judged = {r for r in SGLANG_JUDGE_RULES if f'"{r}"' in cli_source}
+    assert judged == SGLANG_JUDGE_RULES, "an SGLang verdict rule no longer passed by pdnode check"
+    assert sorted(set(BY_ID) - seen - found - judged) == [], "registered but never passed by any call site"
 
 
 # --- pdnode check --json ---------------------------------------------------------------------
@@ -266,7 +276,12 @@ def _check_json(capsys, inventory: Path) -> tuple[int, dict]:
     rc = cli.main(["check", "--json", str(inventory)])
     out, err = capsys.readouterr()
     assert err == ""
-    return rc, json.loads(out)
+    report = json.loads(out)
+    # the unit tests switch SGLang's judge off (tests/conftest.py): its one warning says so
+    if report["ok"]:
+        assert [w["rule"] for w in report["warnings"]][-1:] == ["sglang-validation-not-run"], report["warnings"]
+        report["warnings"] = report["warnings"][:-1]
+    return rc, report
 
 
 def test_check_json_ok(capsys):

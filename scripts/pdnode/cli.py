@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -42,15 +43,19 @@ def _plan_or_exit(args: argparse.Namespace, host: str | None = None) -> Plan:
     try:
         plan = build_plan(hv.variables, hv.host, peers)
     except PlanError as exc:
-        n = len(exc.problems)
-        print(f"{args.inventory}: {n} problem{'s' * (n != 1)} in host {hv.host}:", file=sys.stderr)
-        for problem in exc.problems:
-            where = hv.sources.get(re.split(r"[.\[]", problem.field, maxsplit=1)[0], "")
-            print(f"  {problem}" + (f"  [{where}]" if where else ""), file=sys.stderr)
+        _print_problems(args.inventory, hv.host, exc.problems, hv.sources)
         raise SystemExit(EXIT_INVALID) from None
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return plan
+
+
+def _print_problems(inventory: str, host: str, problems: list[Problem], sources: dict[str, str]) -> None:
+    n = len(problems)
+    print(f"{inventory}: {n} problem{'s' * (n != 1)} in host {host}:", file=sys.stderr)
+    for problem in problems:
+        where = sources.get(re.split(r"[.\[]", problem.field, maxsplit=1)[0], "")
+        print(f"  {problem}" + (f"  [{where}]" if where else ""), file=sys.stderr)
 
 
 def _problem_json(problem: Problem, sources: dict[str, str]) -> dict[str, object]:
@@ -62,8 +67,57 @@ def _problem_json(problem: Problem, sources: dict[str, str]) -> dict[str, object
             "source": sources.get(re.split(r"[.\[]", problem.field, maxsplit=1)[0])}
 
 
+def _sglang_verdicts(plan: Plan) -> tuple[list[Problem], list[Problem]]:
+    """SGLang's own validation of every engine's ServerArgs on this host (problems,
+    warnings); where it cannot run, one warning says so and pdnode's rules stand alone."""
+    from . import sglang_judge  # controller only: runs the validator environment
+
+    engines = plan.engines()
+    want = plan.settings["pdnode_sglang_version"]
+    if not engines:  # (the stand-in reads the same ServerArgs: a demo layout is judged too)
+        return [], []
+    python = sglang_judge.find_validator()
+    have = sglang_judge.validator_version(python) if python else None
+    if python is None or have != want:
+        why = ("switched off: PDNODE_SGLANG_VALIDATOR=off" if os.environ.get("PDNODE_SGLANG_VALIDATOR") == "off"
+               else "no validator environment on this machine" if python is None
+               else f"the validator at {python} has SGLang {have or 'missing'}, the plan deploys {want}")
+        return [], [Problem("sglang-validation-not-run", "pdnode_sglang_version", want,
+                            f"SGLang's own validation did not run ({why}); only pdnode's rules were applied",
+                            "run scripts/sglang-validator once (or set PDNODE_SGLANG_VALIDATOR to a Python with "
+                            f"sglang {want})", "warning")]
+    problems, warnings = [], []
+    for svc, verdict in zip(engines, sglang_judge.judge(engines, plan.settings, python)):
+        where, key = sglang_judge.instance_field(svc, plan.settings, verdict.reason)
+        if verdict.reason.startswith("CANNOT CHECK") or (
+                not verdict.accepted and sglang_judge.depends_on_the_machine(verdict.reason)):
+            warnings.append(Problem("sglang-could-not-judge", where, svc["id"],
+                                    f"SGLang {want} could not judge {svc['id']}'s ServerArgs on this machine "
+                                    f"({verdict.reason.removeprefix('CANNOT CHECK: ')})",
+                                    "run scripts/sglang-validator --rebuild, or check on the host with "
+                                    "`pdnode.launcher --check`", "warning"))
+        elif not verdict.accepted:
+            shown = svc["args"].get(key) if key else svc["id"]
+            problems.append(Problem("sglang-rejects", where, shown,
+                                    f"SGLang {want} refuses {svc['id']}'s ServerArgs: {verdict.reason}",
+                                    f"change it so SGLang accepts it (`pdnode render INVENTORY --role {svc['id']}` "
+                                    "shows the ServerArgs it judged)"))
+    return problems, warnings
+
+
+def _host_verdict(args: argparse.Namespace, host: str, peers: dict) -> tuple[Plan | None, list, list]:
+    """(plan or None, problems, warnings) of one host: pdnode's rules, then SGLang's."""
+    try:
+        plan = build_plan(peers[host], host, peers)
+    except PlanError as exc:
+        return None, exc.problems, []
+    problems, warnings = _sglang_verdicts(plan)
+    return plan, problems, list(plan.warnings) + warnings
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     hosts, peers = _hosts_to_plan(args)
+    verdicts = {host: _host_verdict(args, host, peers) for host in hosts}
     if args.json:
         # For scripts: the same verdict and exit code, every problem with its rule id
         # (pdnode.rules; docs/inventory.md lists them). An unreadable inventory stays a
@@ -72,10 +126,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         reports = []
         for host in hosts:
             sources = load_inventory(args.inventory, host).sources
-            try:
-                problems, warnings = [], build_plan(peers[host], host, peers).warnings
-            except PlanError as exc:
-                problems, warnings = exc.problems, []
+            _, problems, warnings = verdicts[host]
             reports.append({"ok": not problems, "host": host,
                             "problems": [_problem_json(p, sources) for p in problems],
                             "warnings": [_problem_json(w, sources) for w in warnings]})
@@ -84,13 +135,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         return EXIT_OK if ok else EXIT_INVALID
     failed = 0
     for host in hosts:
-        try:
-            plan = _plan_or_exit(args, host)
-        except SystemExit as exc:
-            if exc.code != EXIT_INVALID:
-                raise
+        plan, problems, warnings = verdicts[host]
+        sources = load_inventory(args.inventory, host).sources
+        if problems:
+            _print_problems(args.inventory, host, problems, sources)
             failed += 1
             continue
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         layout = ", ".join(f"{s['id']} GPUs {_gpus(s['gpus'])}" for s in plan.engines())
         runs = layout + ("; " if layout and "router" in plan.services else "") + (
             f"the router at {plan.cluster['router']['url']}" if "router" in plan.services else "")

@@ -37,7 +37,7 @@ FIELDS: tuple[Field, ...] = (
        "paths are relative to the repository root; copied to the host mode 0400; letters, digits, . _ / + -)"),
     # The model
     _F("pdnode_model_path", "str", REQUIRED, "absolute path of the model directory on the host (path rule below)"),
-    _F("pdnode_model_served_name", "str", REQUIRED, "name clients use in 'model' (letter or digit first, then letters, digits, . _ : / @ + -; at most 128)"),
+    _F("pdnode_model_served_name", "str", REQUIRED, "name clients use in 'model' (letter or digit first, then letters, digits, . _ / @ + -; at most 128; no ':', SGLang reserves it)"),
     _F("pdnode_model_kind", "str", REQUIRED, "moe_mla | moe | dense"),
     _F("pdnode_model_load_format", "str_or_none", None, "SGLang --load-format (dummy: random weights)"),
     _F("pdnode_model_weights_gb", "float_or_none", None, "weight size in GB (1e9 bytes) for the capacity check; "

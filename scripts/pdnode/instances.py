@@ -383,6 +383,35 @@ def check_shared_gpus(c: Any, instances: list[Instance]) -> None:
                 owner.setdefault((h, g), inst)
 
 
+# Disaggregation settings both sides of a hand-off must agree on, with SGLang 0.5.23's
+# defaults. One SGLang process cannot see its peers, so this rule is the plan's; the
+# fields' help says so (sglang/srt/arg_groups/fields/disagg.py: the allocation policy
+# "Set the same policy on both roles", the checksum "Enable on both prefill and decode
+# engines"). docs/inventory.md lists the rule.
+SAME_ON_EVERY_ENGINE = {
+    "disaggregation_decode_allocation_policy": "early",
+    "disaggregation_enable_kv_checksum": False,
+}
+
+
+def check_same_disagg_settings(c: Any, instances: list[Instance]) -> None:
+    """Every prefill and decode of the layout sets these the same way (in extra_args)."""
+    for key, default in SAME_ON_EVERY_ENGINE.items():
+        seen: dict[Any, Instance] = {}
+        for inst in instances:
+            value = inst.extra_args.get(key, default)
+            if not isinstance(value, (str, bool, int, float, type(None))):
+                continue  # a wrong type is reported by the instance's own checks
+            seen.setdefault(value, inst)
+        if len(seen) > 1:
+            (first_value, first), (value, other) = list(seen.items())[:2]
+            c.error("disagg-setting-same-everywhere",
+                    f"{other.field}.extra_args.{key}", value,
+                    f"differs from {first.id} ({first_value!r}{'' if key in first.extra_args else ', the default'}): "
+                    "SGLang needs the same value on every prefill and decode of a layout, and one process cannot "
+                    "check its peers", f"set {key} to the same value in every instance's extra_args")
+
+
 def _similar(a: str, b: str) -> bool:
     import difflib
     return difflib.SequenceMatcher(None, a, b).ratio() > 0.85

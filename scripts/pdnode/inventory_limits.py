@@ -72,6 +72,30 @@ def _json_depth(value: object) -> int:
     return deepest
 
 
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of YAML flow collections ([ and {), outside quotes and comments."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return 0
+    depth = deepest = 0
+    quote = None
+    previous = "\n"
+    for ch in text:
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"" and previous in " \t\n[{,:":
+            quote = ch
+        elif ch == "#" and previous in " \t\n":
+            quote = "\n"  # a comment runs to the end of the line
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+        previous = ch
+    return deepest
+
+
 def _check_structure(file: Path, text: str) -> None:
     if file.suffix == ".json":
         try:
@@ -83,6 +107,8 @@ def _check_structure(file: Path, text: str) -> None:
         if _json_depth(value) > MAX_DEPTH:
             raise InventoryError(f"{file}: nested deeper than {MAX_DEPTH} levels; flatten the structure")
         return
+    if _flow_depth(text) > MAX_DEPTH:  # before the parser spends a second on 20,000 brackets
+        raise InventoryError(f"{file}: nested deeper than {MAX_DEPTH} levels; flatten the structure")
     try:
         # The pure-Python composer: it builds the node graph without expanding aliases
         # and raises RecursionError on deep nesting (the C one would recurse on the C stack).

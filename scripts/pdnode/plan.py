@@ -335,6 +335,7 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     for inst in engines:
         inst_rules.check(c, inst, v["pdnode_gpu_count"], kind, known)
     inst_rules.check_shared_gpus(c, engines)
+    inst_rules.check_same_disagg_settings(c, engines)
     _check_capacity(c, v, engines, skip)
     ib_map = _check_transfer(c, v["pdnode_transfer_backend"], v["pdnode_ib_devices"],
                              sorted({g for i in engines if host in i.hosts for g in i.gpus}))

@@ -51,7 +51,7 @@ RULES: tuple[Rule, ...] = (
     Rule("service-user-not-root", "error", "the services do not run as root"),
     Rule("service-user-name", "error", "`pdnode_service_user` is a POSIX system user name"),
     Rule("service-prefix-name", "error", "`pdnode_service_prefix` (it names the units) is a-z first, then a-z 0-9 -"),
-    Rule("served-name-pattern", "error", "`pdnode_model_served_name` holds only letters, digits and `. _ : / @ + -`"),
+    Rule("served-name-pattern", "error", "`pdnode_model_served_name` holds only letters, digits and `. _ / @ + -` (SGLang reserves `:` for model:adapter)"),
     Rule("gpu-model-name", "error", "`pdnode_gpu_model` is a GPU name as nvidia-smi prints it"),
     Rule("gpu-count-positive", "error", "`pdnode_gpu_count` is at least 1"),
     Rule("sim-value-range", "error", "a stand-in knob (`pdnode_sim_*`) is a time of 0 or more, or a count of 1 "
@@ -111,6 +111,16 @@ RULES: tuple[Rule, ...] = (
          "it)"),
     Rule("extra-arg-secret", "error", "an argument that holds a secret (it would be on argv and in the JSON)"),
     Rule("extra-arg-value", "error", "a value the flag does not accept (type, choices, a leading `-`)"),
+    Rule("disagg-setting-same-everywhere", "error", "`disaggregation_decode_allocation_policy` and "
+         "`disaggregation_enable_kv_checksum` are the same on every prefill and decode of the layout (SGLang's help "
+         "asks for both roles; one process cannot check its peers)"),
+    # --- SGLang's own validation of each engine's ServerArgs (pdnode check; pdnode.sglang_judge)
+    Rule("sglang-rejects", "error", "SGLang's own validation (argparse, resolve_once, check_server_args) refuses an "
+         "instance's rendered ServerArgs; the line carries SGLang's reason"),
+    Rule("sglang-could-not-judge", "warning", "SGLang on this machine could not judge an instance's ServerArgs (a "
+         "rule that depends on the GPU generation, or the validator failed); the deploy's on-host check judges it"),
+    Rule("sglang-validation-not-run", "warning", "no validator environment with the plan's SGLang release on this "
+         "machine: only pdnode's own rules were applied (scripts/sglang-validator builds it)"),
     # --- arguments that open a door (pdnode.guards; docs/security.md)
     Rule("exposing-arg", "error", "an engine or router argument that opens a listener beyond loopback, serves "
          "without the API key, runs uploaded code, routes to workers the plan does not list, or sends data or "

@@ -28,7 +28,8 @@ PREFIX_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,38}[a-z0-9])?$")
 HOST_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]*$")
 HOST_PATH_MAX = 200
 CONTROLLER_PATH_RE = re.compile(r"^[A-Za-z0-9._/+][A-Za-z0-9._/+-]{0,199}$")
-SERVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+# no ":" -- SGLang 0.5.23 reserves it for model:adapter (validation_hook.py refuses it)
+SERVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/@+-]{0,127}$")
 GPU_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,63}$")
 VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+){1,3}((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
 DNS_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -159,8 +160,8 @@ def check_settings(v: dict[str, Any], skip: set[str], error: Error) -> None:
     if served is not None and not SERVED_NAME_RE.match(served):
         error("served-name-pattern",
               "pdnode_model_served_name", served, "must be a letter or digit first, then letters, digits and "
-              ". _ : / @ + -, at most 128 characters (it lands in unit descriptions, where '%' is a "
-              "specifier, and in JSON)", "use e.g. org/Model-Name_v1.5:fp8")
+              ". _ / @ + -, at most 128 characters (it lands in unit descriptions, where '%' is a "
+              "specifier, and in JSON; SGLang reserves ':' for model:adapter)", "use e.g. org/Model-Name_v1.5-fp8")
     gpu = s("pdnode_gpu_model")
     if gpu is not None and not GPU_MODEL_RE.match(gpu):
         error("gpu-model-name",
