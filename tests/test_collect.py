@@ -295,14 +295,16 @@ def test_collect_host_strips_keys_redacts_and_records_every_file(node):
 def test_a_failing_a_hanging_and_a_missing_command_are_recorded_and_the_bundle_goes_on(tmp_path):
     b = collect.Bundle(tmp_path, "h", [])
     b.run("false.txt", ["false"])
-    b.run("sleep.txt", [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"], timeout=1.5)
+    # sh writes its line at once (no interpreter start-up to race the 3 s timeout), then
+    # sleeps far longer than the test waits: a timeout that did not work is a slow failure
+    b.run("sleep.txt", ["sh", "-c", "echo started; exec sleep 300"], timeout=3)
     b.run("nope.txt", ["pdnode-no-such-command"])
     b.run("ok.txt", ["echo", "fine"])
     files = {f["path"]: f for f in b.files}
     assert files["h/false.txt"]["exit_status"] == 1
     assert files["h/sleep.txt"]["exit_status"] is None and "timed out" in files["h/sleep.txt"]["error"]
     assert (tmp_path / "h/sleep.txt").read_text() == "started\n"  # output so far is kept
-    assert files["h/sleep.txt"]["duration_s"] < 5
+    assert files["h/sleep.txt"]["duration_s"] < 300  # stopped, not waited for (load only adds seconds)
     assert files["h/ok.txt"]["exit_status"] == 0 and (tmp_path / "h/ok.txt").read_text() == "fine\n"
     reasons = {m["item"]: m["reason"] for m in b.missing}
     assert "exit status 1" in reasons["false.txt"]

@@ -22,6 +22,12 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 WATCHDOG_USEC = "1200000"  # 1.2 s: a ping every 0.3 s
 
 
+# What a working sidecar does takes a fraction of a second; a busy machine may stretch that
+# to seconds. Every wait below ends as soon as its event happened and fails only at this
+# deadline, or at once when the sidecar died: only a broken sidecar fails them.
+DEADLINE_S = 60.0
+
+
 @pytest.fixture()
 def notify_socket(tmp_path):
     path = str(tmp_path / "notify")
@@ -32,30 +38,64 @@ def notify_socket(tmp_path):
     s.close()
 
 
-def pings(sock, seconds: float) -> int:
-    """WATCHDOG=1 datagrams received in the next `seconds`."""
-    n, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
+def wait_for(what: str, done, side=None, deadline_s: float = DEADLINE_S) -> None:
+    end = time.monotonic() + deadline_s
+    while not done():
+        if side is not None and side.p.poll() is not None:
+            raise AssertionError(f"the sidecar exited ({side.p.returncode}) before {what}:\n{side.err()}")
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {deadline_s:.0f} s: {what}" + (f"\n{side.err()}" if side else ""))
+        time.sleep(0.02)
+
+
+def wait_pings(sock, count: int, side=None) -> None:
+    """Until `count` WATCHDOG=1 datagrams have arrived (more may follow)."""
+    n, end = 0, time.monotonic() + DEADLINE_S
+    while n < count:
+        if side is not None and side.p.poll() is not None:
+            raise AssertionError(f"the sidecar exited ({side.p.returncode}) after {n} of {count} pings:\n{side.err()}")
+        assert time.monotonic() < end, f"{n} of {count} pings within {DEADLINE_S:.0f} s"
         try:
             n += sock.recv(64) == b"WATCHDOG=1"
         except TimeoutError:
             pass
-    return n
+
+
+def drain(sock) -> int:
+    """The pings already queued on the socket (datagrams: a ping sent is a ping queued)."""
+    n = 0
+    sock.setblocking(False)
+    try:
+        while True:
+            try:
+                n += sock.recv(64) == b"WATCHDOG=1"
+            except BlockingIOError:
+                return n
+    finally:
+        sock.settimeout(0.1)
 
 
 class Health:
-    """/health with a settable answer: a status code, or 'hang'."""
+    """/health with a settable answer: a status code, or 'hang'. Counts what it was asked:
+    `probes` requests in all, `hung` of them answered by hanging, `ok` answered 200."""
 
     def __init__(self):
         self.answer: int | str = 503
+        self.probes = self.hung = self.ok = 0
+        lock = threading.Lock()
         owner = self
 
         class H(http.server.BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 - http.server's name
-                if owner.answer == "hang":
+                answer = owner.answer
+                with lock:
+                    owner.probes += 1
+                    owner.hung += answer == "hang"
+                    owner.ok += answer == 200
+                if answer == "hang":
                     time.sleep(5)
                     return
-                self.send_response(int(owner.answer))
+                self.send_response(int(answer))
                 self.end_headers()
 
             def log_message(self, *a):
@@ -77,22 +117,50 @@ def health():
 @pytest.fixture()
 def engine():
     """A stand-in for the engine process: something to stop, continue and end."""
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     yield p
     p.kill()
     p.wait()
 
 
-def start_sidecar(pid, url, address, sock=None):
+class Sidecar:
+    """The sidecar process, its stderr lines collected as they come."""
+
+    def __init__(self, p: subprocess.Popen):
+        self.p = p
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.p.stderr:
+            self.lines.append(line)
+
+    def err(self) -> str:
+        return "".join(self.lines)
+
+    def wait_line(self, text: str) -> None:
+        wait_for(f"the sidecar says {text!r}", lambda: text in self.err(), self)
+
+    def stop(self) -> None:
+        self.p.kill()
+        self.p.wait()
+
+    def wait_exit(self) -> int:
+        code = self.p.wait(timeout=DEADLINE_S)
+        self._reader.join(DEADLINE_S)
+        return code
+
+
+def start_sidecar(pid, url, address, sock=None) -> Sidecar:
     """Start the sidecar; with sock, return once its first ping arrived (Python start-up
     time is not part of what is measured)."""
     env = dict(os.environ, PYTHONPATH=str(SCRIPTS), NOTIFY_SOCKET=address, WATCHDOG_USEC=WATCHDOG_USEC)
-    p = subprocess.Popen([sys.executable, "-m", "pdnode.watchdog", "--pid", str(pid), "--url", url,
-                          "--probe-timeout", "0.3"], env=env, stderr=subprocess.PIPE, text=True)
-    end = time.monotonic() + 10
-    while sock is not None and time.monotonic() < end and not pings(sock, 0.1):
-        pass
-    return p
+    side = Sidecar(subprocess.Popen([sys.executable, "-m", "pdnode.watchdog", "--pid", str(pid), "--url", url,
+                                     "--probe-timeout", "0.3"], env=env, stderr=subprocess.PIPE, text=True))
+    if sock is not None:
+        wait_pings(sock, 1, side)
+    return side
 
 
 @pytest.mark.parametrize(("state", "why_not", "seen", "pings_"), [
@@ -110,45 +178,55 @@ def test_decide(state, why_not, seen, pings_):
 
 
 def test_pings_while_loading_and_healthy_and_stops_when_health_fails(notify_socket, health, engine):
+    """Event-ordered, not timed: the probes /health counts and the sidecar's own lines say
+    which decision came when, so a slow machine only makes the test take longer."""
     address, sock = notify_socket
     side = start_sidecar(engine.pid, health.url, address, sock)
     try:
-        assert pings(sock, 1.5) >= 3, "no pings while the engine loads (/health 503, process alive)"
+        wait_pings(sock, 3, side)  # loading (/health 503, process alive): alive is enough
         health.answer = 200
-        assert pings(sock, 1.5) >= 3
+        side.wait_line("/health answered 200")
+        wait_pings(sock, 2, side)
         health.answer = "hang"
-        time.sleep(0.8)  # a probe in flight may still end in a ping
-        assert pings(sock, 2.0) == 0, "pinged for an engine whose /health hangs"
+        side.wait_line("not pinging systemd's watchdog (1 s): /health: timed out")
+        drain(sock)  # the pings of the probes before the hang
+        hung = health.hung
+        # two more probes have hung since: each decided (no ping) before the next one started
+        wait_for("two more probes of the hanging /health", lambda: health.hung >= hung + 2, side)
+        assert drain(sock) == 0, "pinged for an engine whose /health hangs"
         health.answer = 200
-        assert pings(sock, 1.5) >= 2, "no pings after /health recovered"
+        wait_pings(sock, 2, side)
+        side.wait_line("pdnode.watchdog: pinging again")
     finally:
-        side.kill()
-        side.wait()
+        side.stop()
 
 
 def test_no_pings_for_a_stopped_engine_even_while_loading(notify_socket, health, engine):
     address, sock = notify_socket
     side = start_sidecar(engine.pid, health.url, address, sock)
     try:
-        assert pings(sock, 1.0) >= 2
+        wait_pings(sock, 2, side)
         os.kill(engine.pid, signal.SIGSTOP)
-        time.sleep(0.5)
-        assert pings(sock, 2.0) == 0, "pinged for a SIGSTOPped engine"
+        side.wait_line("the engine process is stopped")
+        drain(sock)  # the pings decided before the stop
+        # the next rounds (about three in a second on a quiet machine; fewer on a busy one,
+        # which can only hide a ping, not invent one) decide the same: no ping
+        time.sleep(1.0)
+        assert drain(sock) == 0, "pinged for a SIGSTOPped engine"
         os.kill(engine.pid, signal.SIGCONT)
-        assert pings(sock, 1.5) >= 2
+        wait_pings(sock, 2, side)
+        side.wait_line("pdnode.watchdog: pinging again")
     finally:
-        side.kill()
-        side.wait()
-    assert "the engine process is stopped" in side.stderr.read()
+        side.stop()
 
 
 def test_exits_with_the_engine(notify_socket, health, engine):
     address, _ = notify_socket
     side = start_sidecar(engine.pid, health.url, address)
-    time.sleep(0.5)
+    wait_for("the sidecar's first probe", lambda: health.probes >= 1, side)  # it watches the engine
     engine.kill()
     engine.wait()
-    assert side.wait(timeout=5) == 0
+    assert side.wait_exit() == 0
 
 
 def test_launcher_starts_the_sidecar_outside_the_engines_children(notify_socket, health, tmp_path):
@@ -157,11 +235,16 @@ def test_launcher_starts_the_sidecar_outside_the_engines_children(notify_socket,
     address, sock = notify_socket
     health.answer = 200
     report = tmp_path / "engine-env"
+    stop = tmp_path / "stop-engine"
+    # The engine lives until the test has seen what it needs (not for a fixed time).
     engine_code = textwrap.dedent(f"""
         import os, time
-        open({str(report)!r}, "w").write(",".join(k for k in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
-                                                   if k in os.environ))
-        time.sleep(2.5)
+        open({str(report)!r} + ".tmp", "w").write(",".join(k for k in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+                                                            if k in os.environ))
+        os.replace({str(report)!r} + ".tmp", {str(report)!r})
+        end = time.monotonic() + 600
+        while not os.path.exists({str(stop)!r}) and time.monotonic() < end:
+            time.sleep(0.05)
     """)
     script = textwrap.dedent(f"""
         import os, sys
@@ -173,16 +256,18 @@ def test_launcher_starts_the_sidecar_outside_the_engines_children(notify_socket,
     """)
     env = dict(os.environ, PYTHONPATH=str(SCRIPTS), NOTIFY_SOCKET=address, WATCHDOG_USEC=WATCHDOG_USEC)
     eng = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
-    sidecar = int(eng.stdout.readline())
-    assert pings(sock, 1.2) >= 2
-    ppid = int(Path(f"/proc/{sidecar}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    assert ppid != eng.pid, "the sidecar must not be the engine's child"
-    assert report.read_text() == "", "the engine must not see the notify socket"
-    eng.wait(timeout=10)
-    deadline = time.monotonic() + 5
-    while watchdog.process_state(sidecar) not in (None, "Z") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert watchdog.process_state(sidecar) in (None, "Z"), "the sidecar outlived the engine"
+    try:
+        sidecar = int(eng.stdout.readline())
+        wait_pings(sock, 2)
+        ppid = int(Path(f"/proc/{sidecar}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert ppid != eng.pid, "the sidecar must not be the engine's child"
+        wait_for("the engine's report of its environment", report.exists)
+        assert report.read_text() == "", "the engine must not see the notify socket"
+    finally:
+        stop.touch()
+    eng.wait(timeout=DEADLINE_S)
+    wait_for("the sidecar's exit after the engine's",
+             lambda: watchdog.process_state(sidecar) in (None, "Z"))
 
 
 def test_launcher_without_a_watchdog_starts_nothing():
@@ -193,10 +278,11 @@ def test_launcher_without_a_watchdog_starts_nothing():
 def test_an_unreachable_notify_socket_is_one_line_not_a_crash(tmp_path, health, engine):
     health.answer = 200
     side = start_sidecar(engine.pid, health.url, str(tmp_path / "missing"))
-    time.sleep(1.5)
-    assert side.poll() is None, "the sidecar died"
+    # three probes: the first two rounds have each tried to ping (and said so once)
+    wait_for("three rounds of the sidecar", lambda: health.probes >= 3, side)
+    assert side.p.poll() is None, "the sidecar died"
     engine.kill()
     engine.wait()
-    assert side.wait(timeout=5) == 0
-    err = side.stderr.read()
+    assert side.wait_exit() == 0
+    err = side.err()
     assert err.count("cannot reach") == 1 and "Traceback" not in err, err

@@ -94,7 +94,11 @@ def run(pid: int, url: str, watchdog_s: float, address: str, probe_timeout: floa
         state = process_state(pid)  # again: the probe may have taken probe_timeout
         if state in (None, "Z", "X"):
             return 0
-        seen_healthy = seen_healthy or why_not is None
+        if not seen_healthy and why_not is None:
+            seen_healthy = True
+            # One line: from here on a failed /health holds the pings (the journal shows when).
+            print("pdnode.watchdog: /health answered 200; from now on the pings follow /health",
+                  file=sys.stderr, flush=True)
         reason = decide(state, why_not, seen_healthy)
         if reason is None:
             try:
