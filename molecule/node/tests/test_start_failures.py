@@ -10,7 +10,11 @@ dead node is never reported as deployed.
 - a SIGSTOPped decode is killed by systemd's watchdog and restarted, and the node serves
   again.
 
-Each test leaves the node as converge left it. Times are printed (`pytest -s`).
+Each test leaves the node as converge left it. Times are printed (`pytest -s`) and kept in
+docs/measurements.md; what is asserted is why each one ended (the gate saw the launcher
+exit, the deploy named the unit, the watchdog killed the process), which a busy machine
+cannot change. Waits end as soon as their condition holds; their deadlines are far beyond
+what a working node needs.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def serving(host) -> bool:
     return r.stdout.strip() == "200"
 
 
-def wait_serving(host, deadline_s=90) -> float:
+def wait_serving(host, deadline_s=300) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
         if serving(host):
@@ -83,9 +87,11 @@ def test_corrupt_json_fails_the_restart_at_once_with_the_launchers_error(host):
         restore(host)
     print(f"failed restart of decode with a corrupt JSON: {took:.1f} s")
     assert r.rc != 0
-    assert took < 10, f"systemctl restart took {took:.1f} s for a launcher that failed at once"
     assert f"{DECODE_JSON} is not valid JSON" in journal
+    # the gate ended because the launcher exited, not at its timeout (the demo's 60 s), nor
+    # did systemd stop a start that hung (TimeoutStartSec): a fact, whatever the load
     assert "pdnode.ready: the main process" in journal
+    assert "not ready after" not in journal and "timed out" not in journal.lower(), journal[-3000:]
 
 
 def test_deploy_fails_naming_the_service_that_did_not_start(host, inventory):
@@ -109,7 +115,7 @@ def test_foreign_listener_is_named_before_anything_restarts(host, inventory):
     host.check_output(f"systemctl stop {TARGET} {' '.join(UNITS)}")
     host.check_output("systemd-run --unit pdnode-test-squatter python3 -m http.server 30001 --bind 127.0.0.1")
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # a second on a quiet machine
         while "30001" not in host.check_output("ss -ltnH") and time.monotonic() < deadline:
             time.sleep(0.2)
         r, took = deploy(inventory)
@@ -133,7 +139,9 @@ def test_sigstopped_decode_is_restarted_by_the_watchdog(host):
     host.check_output(f"kill -STOP {pid}")
     t0 = time.monotonic()
     try:
-        while time.monotonic() - t0 < WATCHDOG_S + 30:
+        # the watchdog fires after WATCHDOG_S by systemd's clock; the restart then takes
+        # seconds (more on a busy machine): the deadline is far beyond both
+        while time.monotonic() - t0 < WATCHDOG_S + 240:
             if host.check_output(f"systemctl show -p MainPID --value {UNITS[1]}") not in (pid, "0"):
                 break
             time.sleep(1)
@@ -144,6 +152,6 @@ def test_sigstopped_decode_is_restarted_by_the_watchdog(host):
     journal = host.check_output(f"journalctl -u {UNITS[1]} --since '{since}' --no-pager -o cat")
     print(f"SIGSTOPped decode replaced by the watchdog after {replaced:.1f} s, serving again "
           f"{serving_after:.1f} s later")
-    assert replaced < WATCHDOG_S + 30, f"decode still the stopped process after {replaced:.0f} s"
+    assert replaced < WATCHDOG_S + 240, f"decode still the stopped process after {replaced:.0f} s"
     assert "Watchdog timeout" in journal
     assert "pdnode.watchdog: not pinging" in journal
