@@ -35,7 +35,9 @@ whatever the rank's GPU count. A rank runs at most max_running_requests // attn_
 requests (SGLang's split), or PDNODE_SIM_MAX_RUNNING_PER_RANK when max_running_requests
 is unset (real SGLang derives it from the rank's KV memory, which the stand-in lacks);
 the rest wait in sglang:num_queue_reqs. Unified (non-PD) ranks run waiting prefills
-before the next decode step.
+before the next decode step. Each rank keeps its own timeline: a pass starts where the
+previous one was due to end, so a busy machine's late wake-ups do not slow the simulated
+engine down (scheduler.py).
 
 Simulation knobs (environment variables; invalid values stop the start with exit code 2)
     PDNODE_SIM_PREFILL_MS_PER_TOKEN  prefill compute per prompt token on ONE GPU, ms; a
@@ -64,7 +66,9 @@ advertise when --host is a wildcard).
 
 Faults (PDNODE_SIM_FAULTS at start; at run time `POST /sim/faults {"faults": [...]}`
 replaces the set, `GET /sim/faults` shows it; /sim/* answers loopback clients only and
-needs the API key like every non-health route). A fault may carry an argument after ':'.
+needs the API key like every non-health route; `GET /sim/requests` lists the last
+requests answered, `GET /sim/ranks` what each scheduler rank simulated: passes, simulated
+seconds, the largest decode batch, the last 64 passes). A fault may carry an argument after ':'.
     slow[:F]          every simulated latency multiplied by F (default PDNODE_SIM_SLOW_FACTOR)
     error500          generation routes answer 500 (the prefill also fails the room, so the
                       paired decode aborts like it does when a real prefill fails)

@@ -3,7 +3,7 @@
 Routes: /health /health_generate /ready, /model_info /server_info (+ the deprecated
 /get_model_info /get_server_info), /v1/models, POST /generate, /v1/chat/completions,
 /v1/completions (stream and non-stream), /metrics (only with enable_metrics), and the
-stand-in's /sim/faults. With an API key every route but /health*, /ready* and /metrics
+stand-in's /sim/faults, /sim/requests and /sim/ranks. With an API key every route but /health*, /ready* and /metrics
 needs `Authorization: Bearer KEY` (401 {"error": "Unauthorized"} otherwise), as in
 sglang/srt/utils/auth.py. Unknown routes answer FastAPI's {"detail": "Not Found"}.
 
@@ -94,6 +94,7 @@ class HttpApi:
         r.add_get("/sim/faults", self.get_faults)
         r.add_post("/sim/faults", self.post_faults)
         r.add_get("/sim/requests", self.get_requests)
+        r.add_get("/sim/ranks", self.get_ranks)
 
     # --- middlewares -----------------------------------------------------------------
     @web.middleware
@@ -230,6 +231,13 @@ class HttpApi:
         if not self._loopback(request):
             return _json({"error": "Forbidden"}, 403)
         return _json({"requests": list(self.recent)})
+
+    async def get_ranks(self, request: web.Request) -> web.Response:
+        """What each scheduler rank simulated (scheduler.RankStats): passes, simulated
+        seconds, the largest decode batch, the last passes."""
+        if not self._loopback(request):
+            return _json({"error": "Forbidden"}, 403)
+        return _json({"ranks": [s.stats.as_dict() for s in self.engine.schedulers]})
 
     async def post_faults(self, request: web.Request) -> web.Response:
         if not self._loopback(request):

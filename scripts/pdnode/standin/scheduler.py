@@ -20,14 +20,23 @@ unified  Both on one rank, prefill first (SGLang runs a waiting prefill batch be
          next decode step), so prompts stall the running requests.
 
 Time is asyncio sleep; every duration is multiplied by `factor()` (the `slow` fault).
+Each rank keeps its own timeline, like a GPU that does not wait for the host: while work
+is waiting, a pass starts where the previous one was due to end, not when this process
+got round to it. A late wake-up (a busy machine's CPU contention) then shortens the next
+wait instead of adding to every pass, so the simulated time a rank spends, and its pace
+over many passes, do not depend on the machine's load; only when the process falls
+behind by more than a pass do passes run back to back until it has caught up.
+`stats` counts what each rank simulated (GET /sim/ranks).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -57,10 +66,40 @@ class RankModel:
         return self.step_base_s + self.step_per_request_s * max(batch - 1, 0)
 
 
+# the last passes kept per rank for GET /sim/ranks
+RECENT_PASSES = 64
+
+
+@dataclass
+class RankStats:
+    """What a rank simulated: passes, their simulated seconds (after the `slow` factor),
+    the largest decode batch. Counts, not wall-clock readings: a test can assert them
+    exactly on any machine."""
+
+    prefill_passes: int = 0
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_steps: int = 0
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+    max_batch: int = 0
+    recent: collections.deque[dict[str, Any]] = field(default_factory=lambda: collections.deque(maxlen=RECENT_PASSES))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"prefill_passes": self.prefill_passes, "prefill_tokens": self.prefill_tokens,
+                "prefill_s": round(self.prefill_s, 9), "decode_steps": self.decode_steps,
+                "decode_tokens": self.decode_tokens, "decode_s": round(self.decode_s, 9),
+                "max_batch": self.max_batch, "recent": list(self.recent)}
+
+
 class RankScheduler:
-    def __init__(self, model: RankModel, factor: Callable[[], float]) -> None:
+    def __init__(self, model: RankModel, factor: Callable[[], float],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self._factor = factor
+        self._clock = clock
+        self._due: float | None = None  # when the last pass is due to end while the rank stays busy
+        self.stats = RankStats()
         self._prompts: collections.deque[_Prompt] = collections.deque()
         self._waiting: collections.deque[DecodeSlot] = collections.deque()
         self._running: list[DecodeSlot] = []
@@ -128,8 +167,16 @@ class RankScheduler:
             if self._running:
                 await self._decode_step()
                 continue
+            self._due = None  # idle: the next pass starts when work comes
             self._wake.clear()
             await self._wake.wait()
+
+    async def _forward(self, seconds: float) -> None:
+        """One forward pass of `seconds` on the rank's own timeline (module docstring)."""
+        now = self._clock()
+        start = now if self._due is None else min(self._due, now)
+        self._due = start + seconds
+        await asyncio.sleep(max(0.0, self._due - now))
 
     async def _prefill_pass(self) -> None:
         budget = self.model.chunk_tokens
@@ -142,7 +189,13 @@ class RankScheduler:
             if budget is not None:
                 budget -= take
         tokens = sum(take for _, take in batch)
-        await asyncio.sleep(tokens * self.model.prefill_s_per_token * self._factor())
+        seconds = tokens * self.model.prefill_s_per_token * self._factor()
+        st = self.stats
+        st.prefill_passes += 1
+        st.prefill_tokens += tokens
+        st.prefill_s += seconds
+        st.recent.append({"kind": "prefill", "tokens": tokens, "prompts": len(batch), "s": round(seconds, 9)})
+        await self._forward(seconds)
         for prompt, take in batch:
             prompt.remaining -= take
             if prompt.remaining <= 0:
@@ -153,7 +206,14 @@ class RankScheduler:
 
     async def _decode_step(self) -> None:
         batch = list(self._running)
-        await asyncio.sleep(self.model.step_s(len(batch)) * self._factor())
+        seconds = self.model.step_s(len(batch)) * self._factor()
+        st = self.stats
+        st.decode_steps += 1
+        st.decode_tokens += len(batch)
+        st.decode_s += seconds
+        st.max_batch = max(st.max_batch, len(batch))
+        st.recent.append({"kind": "decode", "batch": len(batch), "s": round(seconds, 9)})
+        await self._forward(seconds)
         for slot in batch:
             if slot not in self._running:
                 continue  # left during the step (client gone)
