@@ -1,5 +1,9 @@
 """The stand-in engine against the real sglang-router 0.3.2 and the real Mooncake transfer
-engine, all as processes on 127.0.0.1 (free ports picked at run time)."""
+engine, all as processes on 127.0.0.1 (free ports picked at run time).
+
+Times are asserted only from below (a timeout is not reached early; a slowed decode is
+slow); why a request failed is read from its error, never from how fast it failed, and a
+wait for an event (the heartbeat marking a prefill dead) waits for the event itself."""
 
 from __future__ import annotations
 
@@ -50,16 +54,13 @@ class TestThroughRouter:
         assert by_type["prefill"]["metadata"]["load_balance_method"] == "follow_bootstrap_room"
 
     def test_generate_answers_the_probe(self, node):
-        t0 = time.monotonic()
         resp = node.post(node.router_url + "/generate", {"text": PROBE, "sampling_params": {"max_new_tokens": 8}})
-        latency = time.monotonic() - t0
         assert resp.status == 200, resp.text
         body = resp.json()
         assert body["text"] == "Paris"
         meta = body["meta_info"]
         assert meta["finish_reason"] == {"type": "stop", "matched": 2}
         assert meta["prompt_tokens"] == 15 and meta["completion_tokens"] == 1
-        assert latency < 2.0
 
     def test_generate_length_and_stream(self, node):
         resp = node.post(node.router_url + "/generate", {"text": "Tell me a story", "sampling_params": {"max_new_tokens": 5}})
@@ -268,11 +269,17 @@ class TestFaults:
 
     def test_bootstrap_down(self, node):
         before_p, before_d = node.metrics("prefill"), node.metrics("decode")
+        dead = "heartbeats: marking it dead"
+        seen = node.log("decode").count(dead)
         node.set_faults("prefill", ["bootstrap_down"])
         try:
             with pytest.raises(urllib.error.URLError):
                 request("GET", node.bootstrap_url + ROUTE_ALL, timeout=2)
-            time.sleep(HEARTBEAT_S + 0.6)  # decode's heartbeat marks the prefill dead
+            # decode's heartbeat (every HEARTBEAT_S) marks the prefill dead: wait for it to say so
+            deadline = time.monotonic() + 120
+            while node.log("decode").count(dead) == seen:
+                assert time.monotonic() < deadline, node.logs_tail()
+                time.sleep(0.1)
             t0 = time.monotonic()
             p, d = node.pd_request("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}})
             elapsed = time.monotonic() - t0
@@ -281,7 +288,7 @@ class TestFaults:
         assert request("GET", node.bootstrap_url + ROUTE_ALL).status == 200
         assert d.status == 500 and "Decode handshake failed" in d.json()["message"]
         assert p.status == 500 and "KVPoll.Bootstrapping" in p.json()["message"]
-        assert BOOTSTRAP_TIMEOUT_S <= elapsed < BOOTSTRAP_TIMEOUT_S + 3
+        assert elapsed >= BOOTSTRAP_TIMEOUT_S  # it waited out the bootstrap timeout (the errors say which)
         name = "sglang:num_bootstrap_failed_reqs_total"
         assert metric_sum(node.metrics("decode"), name) - metric_sum(before_d, name) == 1
         assert metric_sum(node.metrics("prefill"), name) - metric_sum(before_p, name) == 1
@@ -300,7 +307,7 @@ class TestFaults:
         assert d.status == 500 and p.status == 500
         assert f"timed out after {WAITING_TIMEOUT_S}." in d.json()["message"]
         assert "KVPoll.WaitingForInput" in d.json()["message"]
-        assert WAITING_TIMEOUT_S <= elapsed < WAITING_TIMEOUT_S + 3
+        assert elapsed >= WAITING_TIMEOUT_S  # the message above says it was that timeout
         after_p, after_d = node.metrics("prefill"), node.metrics("decode")
         name = "sglang:num_transfer_failed_reqs_total"
         assert metric_sum(after_d, name) - metric_sum(before_d, name) == 1
@@ -312,15 +319,12 @@ class TestFaults:
     def test_error500_on_prefill_fails_through_the_router(self, node):
         node.set_faults("prefill", ["error500"])
         try:
-            t0 = time.monotonic()
             resp = node.post(node.router_url + "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}})
-            elapsed = time.monotonic() - t0
         finally:
             node.set_faults("prefill", [])
         assert resp.status == 500, resp.text
         # router 0.3.2 answers with decode's error: the prefill failed the room, so decode aborted
         assert resp.json()["error"]["code"] == "decode_internal_error"
-        assert elapsed < 5
         rooms = [r["bootstrap_room"] for r in node.recent_requests("decode") if r["status"] == 500]
         assert len(set(rooms[-5:])) == 5  # the router retried, each time with a new room
 
@@ -348,31 +352,47 @@ def test_api_key_is_enforced_and_shutdown_is_clean(tmp_path):
 
 @pytest.mark.integration
 def test_health_is_503_while_loading(tmp_path):
-    (port,) = free_ports(1)
-    args = tmp_path / "unified.json"
-    args.write_text(json.dumps({"host": "127.0.0.1", "port": port, "model_path": "m", "enable_metrics": True}))
-    env = {**os.environ, **FAST_ENV, "PDNODE_SIM_STARTUP_S": "1.5",
-           "PYTHONPATH": str(REPO / "scripts")}
-    proc = subprocess.Popen([sys.executable, "-m", "pdnode.standin", str(args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        seen = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (not seen or seen[-1] != 200):
+    """503 for as long as the model loads, 200 after. The 503 is read from a stand-in whose
+    load outlasts the test (no window the poller could miss on a busy machine); the 200
+    from one that loads for a moment."""
+
+    def start(startup_s: float) -> tuple[subprocess.Popen, int]:
+        (port,) = free_ports(1)
+        args = tmp_path / f"unified-{port}.json"
+        args.write_text(json.dumps({"host": "127.0.0.1", "port": port, "model_path": "m", "enable_metrics": True}))
+        env = {**os.environ, **FAST_ENV, "PDNODE_SIM_STARTUP_S": str(startup_s), "PYTHONPATH": str(REPO / "scripts")}
+        return subprocess.Popen([sys.executable, "-m", "pdnode.standin", str(args)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT), port
+
+    def first_answer(proc: subprocess.Popen, port: int, want: int | None = None) -> int:
+        """The first status /health answers (or, with want, the first that is want)."""
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[0].decode()
+            assert time.monotonic() < deadline, f"/health on {port}: no answer{f' {want}' if want else ''}"
             try:
-                seen.append(request("GET", f"http://127.0.0.1:{port}/health", timeout=1).status)
+                status = request("GET", f"http://127.0.0.1:{port}/health", timeout=5).status
+                if want is None or status == want:
+                    return status
             except OSError:
                 pass
             time.sleep(0.05)
-        assert seen and seen[0] == 503 and seen[-1] == 200
-        body = request("POST", f"http://127.0.0.1:{port}/generate", {"text": PROBE}).json()
-        assert body["text"] == "Paris"  # disaggregation_mode null: no bootstrap needed
-        info = request("GET", f"http://127.0.0.1:{port}/model_info").json()
-        assert info["served_model_name"] == "m" and info["disaggregation_mode"] == "null"
-    finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=10)
-    assert proc.returncode == 0, out.decode()
+
+    for startup_s in (3600, 0.5):
+        proc, port = start(startup_s)
+        try:
+            if startup_s > 60:
+                assert first_answer(proc, port) == 503  # loading
+                continue
+            first_answer(proc, port, want=200)
+            body = request("POST", f"http://127.0.0.1:{port}/generate", {"text": PROBE}).json()
+            assert body["text"] == "Paris"  # disaggregation_mode null: no bootstrap needed
+            info = request("GET", f"http://127.0.0.1:{port}/model_info").json()
+            assert info["served_model_name"] == "m" and info["disaggregation_mode"] == "null"
+        finally:
+            proc.terminate()
+            out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out.decode()  # a stop while loading is clean too
 
 
 # --- no processes: configuration --------------------------------------------------------------

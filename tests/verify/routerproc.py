@@ -67,14 +67,14 @@ def decode_out_and_back(node: Any, decode_id: str, decode_url: str, admin: str, 
 
     resp = call(node, "DELETE", f"/workers/{decode_id}", admin)
     assert resp.status in (200, 202), resp.text
-    end = time.monotonic() + 20
+    end = time.monotonic() + 120  # these waits end when the router has changed (a second or two)
     while "decode" in worker_types():
         assert time.monotonic() < end
         time.sleep(0.2)
     assert call(node, "GET", "/readiness", None).status == 503
     resp = call(node, "POST", "/workers", admin, {"url": decode_url, "worker_type": "decode", "api_key": client})
     assert resp.status in (200, 202), resp.text
-    end = time.monotonic() + 30
+    end = time.monotonic() + 120
     while call(node, "GET", "/readiness", None).status != 200:
         assert time.monotonic() < end, worker_types()
         time.sleep(0.2)
