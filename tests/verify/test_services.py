@@ -169,3 +169,38 @@ def test_every_instance_unit_is_read_and_a_failed_one_named(monkeypatch):
                     "x-router.service"]
     assert res.status == FAIL and "x-prefill-1.service: failed/failed" in res.evidence, res
     assert "journalctl -u x-prefill-1.service" in res.hint
+
+
+# --- a hardening switch turned off (issue 17, section 5) --------------------------------
+def _show_with_policy(policies: dict[str, str]):
+    def show(unit: str, timeout_s: float = 5.0) -> str:
+        return SHOW.format(active="active", sub="running", result="success", restarts=0, mono=1_000_000,
+                           status=0).replace("sglang-pd-decode.service", unit) + (
+            f"DevicePolicy={policies[unit]}\n" if unit in policies else "")
+    return show
+
+
+def test_device_policy_is_read_with_the_unit():
+    assert parse_show(SHOW.format(active="active", sub="running", result="success", restarts=0, mono=1, status=0)
+                      + "DevicePolicy=closed\n", "x").device_policy == "closed"
+    assert "DevicePolicy" in svc.PROPERTIES
+
+
+def test_engines_with_every_device_open_are_a_warning_naming_them(monkeypatch):
+    """pd_services_device_policy: false leaves the engines DevicePolicy=auto: the check
+    passes with a warning (the node works), naming each unit and the switch."""
+    monkeypatch.setattr(svc, "systemctl_available", lambda: True)
+    monkeypatch.setattr(svc, "show", _show_with_policy({"x-prefill-0.service": "auto", "x-decode-0.service": "auto",
+                                                        "x-router.service": "closed"}))
+    res = check_services(_ctx())
+    assert res.status == WARN, res
+    assert "hardening off: x-prefill-0.service, x-decode-0.service DevicePolicy=auto" in res.evidence
+    assert "pd_services_device_policy is false" in res.hint
+
+
+def test_closed_device_policy_passes(monkeypatch):
+    monkeypatch.setattr(svc, "systemctl_available", lambda: True)
+    monkeypatch.setattr(svc, "show", _show_with_policy({"x-prefill-0.service": "closed", "x-decode-0.service": "closed",
+                                                        "x-router.service": "closed"}))
+    res = check_services(_ctx())
+    assert res.status == PASS and "hardening off" not in res.evidence, res

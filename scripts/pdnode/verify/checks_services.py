@@ -1,5 +1,7 @@
 """services: every systemd unit of the plan (each engine instance, the router) active and
-not restarting in a loop; one recovered restart is a WARN (the judgement: services.py)."""
+not restarting in a loop; one recovered restart is a WARN (the judgement: services.py), and
+so is a unit whose device restriction is off (DevicePolicy=auto: the role's hardening
+switch pd_services_device_policy turned off, which `pdnode check` warns about too)."""
 
 from __future__ import annotations
 
@@ -40,9 +42,19 @@ def check_services(ctx: Ctx) -> Result:
         return Result(FAIL, evidence, f"journalctl -u {failing[0]} -n 100 --no-pager; systemctl status {failing[0]}; "
                                       f"{RUNBOOK}#services")
     warned = [s.unit for s, (v, _) in zip(states, judged) if v == svc.WARN]
+    open_devices = [s.unit for s in states if s.load == "loaded" and s.device_policy == "auto"]
+    if open_devices:
+        evidence += (f"; hardening off: {', '.join(open_devices)} DevicePolicy=auto (every device node of the host "
+                     "is open to it)")
+    hints = []
     if warned:
-        return Result(WARN, evidence, f"a restart recovered; why it went down: journalctl -u {warned[0]} -n 100 "
-                                      f"--no-pager; if NRestarts keeps rising it is a loop; {RUNBOOK}#services")
+        hints.append(f"a restart recovered; why it went down: journalctl -u {warned[0]} -n 100 --no-pager; if "
+                     f"NRestarts keeps rising it is a loop; {RUNBOOK}#services")
+    if open_devices:
+        hints.append("pd_services_device_policy is false: set it true (the default) and deploy again, unless this "
+                     "host does not delegate the cgroup device controller (test containers); docs/security.md")
+    if hints:
+        return Result(WARN, evidence, "; ".join(hints))
     return Result(PASS, evidence)
 
 

@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 
 PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "Result", "NRestarts",
-              "ActiveEnterTimestamp", "ActiveEnterTimestampMonotonic", "ExecMainStatus")
+              "ActiveEnterTimestamp", "ActiveEnterTimestampMonotonic", "ExecMainStatus", "DevicePolicy")
 # A unit that restarted and has been up for less than this is watched for OBSERVE_S.
 STABLE_AFTER_S = 30.0
 # Longer than the units' RestartSec (2 s): a unit in a fast loop restarts while watched.
@@ -38,6 +38,9 @@ class UnitState:
     entered: str  # ActiveEnterTimestamp, human-readable
     entered_mono_us: int  # CLOCK_MONOTONIC microseconds (0: never active)
     exit_status: str
+    # closed/strict: only the devices the unit allows (the engines' DevicePolicy=closed, the
+    # router's PrivateDevices=yes); auto: every device node of the host ("": not read)
+    device_policy: str = ""
 
 
 def parse_show(text: str, unit: str) -> UnitState:
@@ -58,7 +61,7 @@ def parse_show(text: str, unit: str) -> UnitState:
                      result=props.get("Result", ""), restarts=_int("NRestarts"),
                      entered=props.get("ActiveEnterTimestamp", ""),
                      entered_mono_us=_int("ActiveEnterTimestampMonotonic"),
-                     exit_status=props.get("ExecMainStatus", ""))
+                     exit_status=props.get("ExecMainStatus", ""), device_policy=props.get("DevicePolicy", ""))
 
 
 def needs_second_look(state: UnitState, now_mono_s: float) -> bool:
