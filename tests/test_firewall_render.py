@@ -37,6 +37,7 @@ def _role_filters():
 
 
 ADDR = _role_filters()
+PDNODE_FILTERS = importlib.util.spec_from_file_location("pdnode_filters", ROOT / "plugins/filter/pdnode.py")
 
 
 def _env() -> jinja2.Environment:
@@ -45,6 +46,9 @@ def _env() -> jinja2.Environment:
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters.update(CoreFilters().filters())
     env.filters.update(ADDR.FilterModule().filters())
+    project = importlib.util.module_from_spec(PDNODE_FILTERS)  # the project's filters (pdnode_exec_line)
+    PDNODE_FILTERS.loader.exec_module(project)
+    env.filters.update(project.FilterModule().filters())
     env.tests.update(CoreTests().tests())
     return env
 
@@ -176,9 +180,10 @@ def test_disabled_plan_only_removes_the_table():
 
 def test_prefix_names_table_file_and_unit():
     text = render("firewall.service.j2", plan(), prefix="pd-a")
-    assert "ExecStart=/usr/sbin/nft -f /etc/pd-a-firewall.nft" in text
-    assert "ExecReload=/usr/sbin/nft -f /etc/pd-a-firewall.nft" in text
-    assert "ExecStop=-/usr/sbin/nft delete table inet pd_a_pdnode" in text
+    # every argument quoted (pdnode_exec_line; systemd reads the argv back: tests/test_unit_argv.py)
+    assert 'ExecStart="/usr/sbin/nft" \\\n    "-f" \\\n    "/etc/pd-a-firewall.nft"\n' in text
+    assert 'ExecReload="/usr/sbin/nft" \\\n    "-f" \\\n    "/etc/pd-a-firewall.nft"\n' in text
+    assert 'ExecStop=-"/usr/sbin/nft" \\\n    "delete" \\\n    "table" \\\n    "inet" \\\n    "pd_a_pdnode"\n' in text
     assert re.search(r"^Before=.*\bpd-a\.target\b", text, re.MULTILINE)
     for line in ["Type=oneshot", "RemainAfterExit=yes", "WantedBy=multi-user.target"]:
         assert line in text.splitlines()

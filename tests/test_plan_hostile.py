@@ -213,6 +213,71 @@ DOORS = [
                  id="allow_unknown_name"),
 ]
 REFUSED.extend(ROUTER_REFUSES + DOORS)
+# Issue 17, section 4: no value into a command line. Python's ip_address takes any text
+# after an IPv6 zone id's '%'; such a host reached the router unit's ExecStartPost
+# unquoted, where a lone ';' starts a new command and '+' runs it as root.
+ZONE_PAYLOAD = '::%a --help ; +sh -c "id > pwned" ; echo x'
+EXEC_VALUES = [
+    pytest.param({"pdnode_router_host": ZONE_PAYLOAD}, f"pdnode_router_host={ZONE_PAYLOAD!r}: is an address with an "
+                 "IPv6 zone id", id="router_host_zone_payload"),
+    pytest.param({"pdnode_router_host": "fe80::1%eth0"}, "pdnode_router_host='fe80::1%eth0': is an address with an "
+                 "IPv6 zone id", id="router_host_zone"),
+    pytest.param({"pdnode_router_metrics_host": "::1%lo ; +/bin/sh -c id"},
+                 "pdnode_router_metrics_host='::1%lo ; +/bin/sh -c id': is an address with an IPv6 zone id",
+                 id="metrics_host_zone"),
+    pytest.param({"pdnode_worker_host": "::1%a ; +\\x2fbin\\x2fsh"},
+                 "pdnode_worker_host='::1%a ; +\\\\x2fbin\\\\x2fsh': is an address with an IPv6 zone id",
+                 id="worker_host_zone"),
+    pytest.param({"pdnode_worker_host": "-h"}, "pdnode_worker_host='-h': must be an IP address or a DNS name",
+                 id="worker_host_option"),
+    pytest.param({"pdnode_node_address": "fe80::2%$(id)"},
+                 "pdnode_node_address='fe80::2%$(id)': is an address with an IPv6 zone id", id="node_address_zone"),
+]
+# Issue 17, section 5: role values that reach root (pip's virtualenv_command, a file root
+# writes, directories root creates and the service user owns).
+ROLE_VALUES = [
+    pytest.param({"sglang_python": "sh -c 'touch /tmp/pwned' x"},
+                 "sglang_python=\"sh -c 'touch /tmp/pwned' x\": must be python3 or python3.N", id="sglang_python_shell"),
+    pytest.param({"mooncake_python": "sh -c 'touch /tmp/pwned' x"},
+                 "mooncake_python=\"sh -c 'touch /tmp/pwned' x\": must be python3", id="mooncake_python_shell"),
+    pytest.param({"sglang_python": "python3 -I"}, "sglang_python='python3 -I': must be", id="sglang_python_option"),
+    pytest.param({"rdma_limits_file": "/etc/sudoers"}, "rdma_limits_file='/etc/sudoers': must be a .conf file directly "
+                 "in /etc/security/limits.d", id="rdma_limits_sudoers"),
+    pytest.param({"rdma_limits_file": "/etc/security/limits.d/../../sudoers.d/x.conf"},
+                 "rdma_limits_file='/etc/security/limits.d/../../sudoers.d/x.conf': must be", id="rdma_limits_dotdot"),
+    pytest.param({"rdma_packages": ["rdma-core", "--allow-unauthenticated"]},
+                 "rdma_packages[1]='--allow-unauthenticated': must list Debian package names", id="rdma_packages_option"),
+    pytest.param({"sglang_sim_packages": ["aiohttp", "--index-url=http://mirror.invalid/simple"]},
+                 "sglang_sim_packages[1]='--index-url=http://mirror.invalid/simple': must list package names",
+                 id="sim_packages_option"),
+    pytest.param({"mooncake_system_packages": ["libnuma1 --allow-downgrades"]},
+                 "mooncake_system_packages[0]='libnuma1 --allow-downgrades': must list Debian package names",
+                 id="mooncake_packages_option"),
+    pytest.param({"mooncake_wheelhouse_dest": "/etc/cron.hourly"},
+                 "mooncake_wheelhouse_dest='/etc/cron.hourly': must be an absolute, normalized host path",
+                 id="wheelhouse_dest_cron"),
+    pytest.param({"mooncake_versions": {"cuda12": "0.3.13 --pre"}},
+                 "mooncake_versions.cuda12='0.3.13 --pre': must map each build to a release number", id="mooncake_versions"),
+    pytest.param({"nvidia_driver_extra_packages": ["--allow-unauthenticated"]},
+                 "nvidia_driver_extra_packages[0]='--allow-unauthenticated': must list Debian package names",
+                 id="nvidia_packages_option"),
+    pytest.param({"monitoring_dcgm_exporter_listen_address": "127.0.0.1:9400 -r x"},
+                 "monitoring_dcgm_exporter_listen_address='127.0.0.1:9400 -r x': must be HOST:PORT", id="dcgm_listen"),
+    pytest.param({"pd_services_device_policy": "maybe"}, "pd_services_device_policy='maybe': must be true or false",
+                 id="device_policy_text"),
+    *[pytest.param({name: path}, f"{name}='{path}': is a system directory or lies in one", id=f"{name[7:]}_{label}")
+      for name, path, label in [
+          ("pdnode_config_dir", "/etc/systemd/system", "systemd"), ("pdnode_install_root", "/usr/local/bin", "usr_bin"),
+          ("pdnode_install_root", "/usr/local/sglang-pd", "usr_local"), ("pdnode_config_dir", "/root/.ssh", "root_ssh"),
+          ("pdnode_config_dir", "/home/ops/.ssh", "home_ssh"), ("pdnode_install_root", "/home/ops", "home"),
+          ("pdnode_config_dir", "/etc/cron.hourly", "cron_hourly"), ("pdnode_config_dir", "/etc/cron.weekly/x", "cron"),
+          ("pdnode_config_dir", "/etc/sudoers.d", "sudoers_d"), ("pdnode_install_root", "/var/spool/cron", "spool"),
+          ("pdnode_install_root", "/boot/efi", "boot"), ("pdnode_config_dir", "/etc/ssh/sshd_config.d", "ssh"),
+          ("pdnode_config_dir", "/etc/security/limits.d", "security"), ("pdnode_install_root", "/var/lib/systemd", "var_lib"),
+          ("pdnode_install_root", "/proc/self", "proc"), ("pdnode_install_root", "/sys/kernel", "sys"),
+          ("pdnode_install_root", "/dev/shm", "dev"), ("pdnode_config_dir", "/etc/pam.d", "pam")]],
+]
+REFUSED.extend(EXEC_VALUES + ROLE_VALUES)
 
 
 
@@ -257,6 +322,22 @@ ACCEPTED = [
     pytest.param({"pdnode_router_extra_args": {"history_backend": "memory", "retry_max_retries": 3}},
                  id="router_extra_the_router_accepts"),
 ]
+
+
+ACCEPTED.extend([
+    # issue 17: what stays accepted beside the refused values
+    pytest.param({"pdnode_router_host": "::", "pdnode_router_metrics_host": "::1", "pdnode_worker_host": "::1",
+                  "pdnode_node_address": "fd00::11"}, id="ipv6_without_zone"),
+    pytest.param({"pdnode_install_root": "/opt/sglang-pd", "pdnode_config_dir": "/etc/sglang-pd"}, id="default_paths"),
+    pytest.param({"pdnode_install_root": "/var/lib/sglang-pd/releases", "pdnode_config_dir": "/home/ops/sglang-pd"},
+                 id="paths_under_parents"),
+    pytest.param({"sglang_python": "/usr/bin/python3.11", "mooncake_python": "python3",
+                  "rdma_limits_file": "/etc/security/limits.d/91-sglang.conf", "rdma_packages": ["rdma-core", "perftest"],
+                  "sglang_sim_packages": ["aiohttp", "prometheus-client==0.21.1"],
+                  "mooncake_versions": {"cuda12": "0.3.13.post1", "cuda13": "0.3.14"},
+                  "mooncake_wheelhouse_dest": "/opt/sglang-pd/wheelhouse-mooncake", "pd_services_device_policy": True},
+                 id="role_values_issue_17"),
+])
 
 
 @pytest.mark.parametrize("changes", ACCEPTED)
@@ -463,6 +544,32 @@ def test_cli_refuses_the_issue_17_reproductions(tmp_path):
     assert "SECRET" not in r.stderr and "Traceback" not in r.stderr
 
 
+def test_cli_refuses_the_issue_17_section_4_and_5_reproductions(tmp_path):
+    """Issue 17 sections 4 and 5, as the issue wrote them (all accepted before): exit 1,
+    one line per value, nothing else; then the hardening switch alone: exit 0, one warning."""
+    inv = _inventory_with(tmp_path, (
+        b"---\n"
+        b"pdnode_router_host: '::%a --help ; +sh -c \"id > pwned\" ; echo x'\n"
+        b"pdnode_router_metrics_host: '::1%lo ; +/bin/sh'\n"
+        b"pdnode_worker_host: '::1%lo ; +/bin/sh'\n"
+        b"pdnode_node_address: 'fe80::2%eth0 ; +/bin/sh'\n"
+        b"sglang_python: \"sh -c 'touch /tmp/pwned' x\"\n"
+        b"mooncake_python: \"sh -c 'touch /tmp/pwned' x\"\n"
+        b"rdma_limits_file: /etc/sudoers\n"
+        b"pdnode_config_dir: /etc/systemd/system\n"
+        b"pdnode_install_root: /usr/local/bin\n"))
+    r = _cli("check", str(inv))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert "9 problems" in lines[0] and len(lines) == 10, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    (inv / "group_vars" / "all" / "zz-extra.yml").write_text("---\npd_services_device_policy: false\n")
+    r = _cli("check", str(inv))
+    assert r.returncode == 0, r.stdout + r.stderr
+    warned = [x for x in r.stderr.splitlines() if "pd_services_device_policy" in x]
+    assert len(warned) == 1 and warned[0].startswith("warning: pd_services_device_policy=False: turns off"), r.stderr
+
+
 ROLE_CASES = {
     "pd_services": (
         {"pd_services_limit_memlock": "infinity", "pd_services_limit_nofile": 1048576,
@@ -478,7 +585,32 @@ ROLE_CASES = {
         {"rdma_memlock_users": ["sglang", "@rdma"], "rdma_memlock_limit": "unlimited"},
         {"users_inject": {"rdma_memlock_users": ["sglang\n*"]},
          "users_space": {"rdma_memlock_users": ["sglang hard"]},
-         "limit_inject": {"rdma_memlock_limit": "unlimited\n* hard nofile 1"}}),
+         "limit_inject": {"rdma_memlock_limit": "unlimited\n* hard nofile 1"},
+         # issue 17, section 5: a file root writes, packages apt installs
+         "limits_sudoers": {"rdma_limits_file": "/etc/sudoers"},
+         "limits_unit": {"rdma_limits_file": "/etc/systemd/system/x.conf"},
+         "packages_option": {"rdma_packages": ["rdma-core", "--allow-unauthenticated"]}}),
+    # issue 17, section 5: pip's virtualenv_command, pip and apt names, paths root writes
+    "sglang": (
+        {"sglang_python": "/usr/bin/python3.11", "sglang_sim_packages": ["aiohttp"]},
+        {"python_shell": {"sglang_python": "sh -c 'touch /tmp/pwned' x"},
+         "python_option": {"sglang_python": "python3 -I"},
+         "sim_package_option": {"sglang_sim_packages": ["aiohttp", "--index-url=http://mirror.invalid/simple"]},
+         "system_package_option": {"sglang_sim_system_packages": ["libnuma1", "-oAPT::x=1"]},
+         "venv_system": {"sglang_venv": "/usr/local/bin"},
+         "root_cron": {"sglang_install_root": "/etc/cron.hourly"},
+         "version_option": {"sglang_version": "0.5.23 --pre"},
+         "requirement_url": {"sglang_router_requirement": "sglang-router @ https://x.invalid/a.whl"},
+         "wheelhouse_option": {"sglang_wheelhouse": "-r evil"}}),
+    "mooncake": (
+        {"mooncake_python": "python3.12", "mooncake_stack_cuda": "13"},
+        {"python_shell": {"mooncake_python": "sh -c 'touch /tmp/pwned' x"},
+         "stack_cuda": {"mooncake_stack_cuda": "13; x"},
+         "versions_option": {"mooncake_versions": {"non-cuda": "0.3.13 --pre", "cuda12": "0.3.13.post1",
+                                                   "cuda13": "0.3.14"}},
+         "venv_ssh": {"mooncake_venv": "/root/.ssh"},
+         "dest_cron": {"mooncake_wheelhouse_dest": "/etc/cron.hourly"},
+         "packages_option": {"mooncake_system_packages": ["--allow-downgrades"]}}),
     "nvidia_driver": (
         {"nvidia_driver_version": "580.159.04", "nvidia_driver_repo_base_url": "https://mirror.example/cuda/repos",
          "nvidia_driver_repo_key_name": "3bf863cc.pub", "nvidia_driver_extra_packages": ["datacenter-gpu-manager"]},
@@ -501,11 +633,12 @@ def test_the_role_refuses_an_injection_in_its_own_values(tmp_path, role):
     hosts = {name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **good, **bad}
              for name, bad in {"ok": {}, **cases}.items()}
     (tmp_path / "hosts.json").write_text(json.dumps({"all": {"hosts": hosts}}))
+    # include_role: the role's defaults apply below the hosts' values, as in a play
     (tmp_path / "p.yml").write_text(
         "- hosts: all\n  gather_facts: false\n  tasks:\n"
-        f"    - ansible.builtin.import_tasks: {ROOT}/roles/{role}/tasks/validate.yml\n")
+        f"    - ansible.builtin.include_role: {{name: {ROOT}/roles/{role}, tasks_from: validate.yml}}\n")
     env = {"PATH": f"{ansible.parent}:/usr/bin:/bin", "HOME": str(tmp_path), "ANSIBLE_STDOUT_CALLBACK": "json",
-           "ANSIBLE_LOCALHOST_WARNING": "0"}
+           "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins" / "filter")}
     r = subprocess.run([str(ansible), "-i", str(tmp_path / "hosts.json"), str(tmp_path / "p.yml")],
                        check=False, capture_output=True, text=True, env=env, timeout=300)
     report = json.loads(r.stdout)
@@ -513,8 +646,9 @@ def test_the_role_refuses_an_injection_in_its_own_values(tmp_path, role):
     for task in report["plays"][0]["tasks"]:
         for host, result in task["hosts"].items():
             if result.get("failed"):
-                # a loop's result holds one result per item
-                msgs = [x.get("msg", "") for x in result.get("results", [])] or [result.get("msg", "")]
+                # a loop's result holds one result per item: the failed items' messages
+                msgs = [x.get("msg", "") for x in result.get("results", [])
+                        if x.get("failed") or x.get("evaluated_to") is False] or [result.get("msg", "")]
                 failed[host] = next(m for m in msgs if m)
     assert sorted(failed) == sorted(cases), failed
     for host, msg in failed.items():

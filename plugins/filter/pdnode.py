@@ -9,10 +9,12 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 
 try:
+    from pdnode import unitcheck, values
     from pdnode.cluster import layout_view
     from pdnode.plan import PlanError, build_plan
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from pdnode import unitcheck, values
     from pdnode.cluster import layout_view
     from pdnode.plan import PlanError, build_plan
 
@@ -60,6 +62,23 @@ def pdnode_layout_view(plan, hostvars) -> dict:
     return layout_view(plans, plan["host"])
 
 
+def pdnode_exec_line(argv, prefix: str = "") -> str:
+    """An argv list -> the value of a unit's Exec*= line (every argument double-quoted,
+    '\\' '"' escaped, '%' and '$' doubled; pdnode.unitcheck.exec_line), one argument per
+    continued line. The one place where values are written into a command line of a unit."""
+    try:
+        return unitcheck.exec_line(list(argv), prefix, sep=" \\\n    ")
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError(f"pdnode_exec_line: {exc}") from None
+
+
+def pdnode_role_value_problem(value, name: str) -> str:
+    """'' when the role variable NAME may hold VALUE, else one line: "NAME must ... (got
+    VALUE); fix: ..." (pdnode.values.ROLE_RULES: the rules `pdnode check` applies too)."""
+    return values.role_value_problem(name, value) or ""
+
+
 class FilterModule:
     def filters(self):
-        return {"pdnode_plan": pdnode_plan, "pdnode_layout_view": pdnode_layout_view}
+        return {"pdnode_plan": pdnode_plan, "pdnode_layout_view": pdnode_layout_view,
+                "pdnode_exec_line": pdnode_exec_line, "pdnode_role_value_problem": pdnode_role_value_problem}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .instances import Instance
+from .values import zone_id
 
 # What every host of one layout must agree on: the plan of each host reads them.
 LAYOUT_VARIABLES = (
@@ -104,6 +105,13 @@ def _addresses(c: Any, v: dict[str, Any], host: str, names: list[str],
             c.error("node-address-required", field, None,
                     f"{name} is one of the layout's {len(names)} hosts, and its peers need its address",
                     f"set pdnode_node_address in host_vars/{name} (an IP address the other hosts reach)")
+            continue
+        if field in {p.field for p in c.problems}:
+            continue  # this host's own value, already refused by its pattern (pdnode.values)
+        if isinstance(value, str) and zone_id(value):
+            c.error("host-zone-id", field, value, "is an address with an IPv6 zone id ('%...'); no host field "
+                    "takes one (it cannot be written in a URL or a firewall rule, and text after '%' is not checked)",
+                    "write the host's global or unique-local address, without '%...'")
             continue
         try:
             ip = ipaddress.ip_address(str(value))

@@ -287,7 +287,7 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     # Every value that reaches a unit, an environment file, argv or a path: strict patterns.
     skip = values.backstop(c.raw, [f.name for f in FIELDS], c.error)
     values.check_settings(v, skip, c.error)
-    values.check_role_values(c.raw, c.error)
+    values.check_role_values(c.raw, c.error, c.warn)
     if "pdnode_api_key_file" not in {p.field for p in c.problems}:
         guards.check_api_key_file(c.error, v["pdnode_api_key_file"], REPO_ROOT)  # exactly one key, never shown
     allow = guards.allowed(c.error, v["pdnode_allow_exposing_args"])
@@ -320,7 +320,8 @@ def build_plan(variables: dict[str, Any], host: str = "node",
         if isinstance(v[name], (int, float)) and v[name] < floor:
             c.error("sim-value-range", name, v[name], f"must be {floor} or more", f"use e.g. {BY_NAME[name].default}")
     worker_host = v["pdnode_worker_host"]
-    if isinstance(worker_host, str) and not _is_loopback(worker_host):
+    if isinstance(worker_host, str) and not _is_loopback(worker_host) and "pdnode_worker_host" not in {
+            p.field for p in c.problems}:  # not twice: a value its pattern refused
         c.error("worker-host-loopback",
                 "pdnode_worker_host", worker_host, "prefill and decode must listen on loopback only "
                 "(the router is the node's one public endpoint)", "use 127.0.0.1")

@@ -31,8 +31,11 @@ RULES: tuple[Rule, ...] = (
     Rule("value-control-character", "error", "a string anywhere (keys included) holds a control character "
          "(newline, tab, escape, bidi, ...)"),
     Rule("value-finite", "error", "a number is NaN or infinite"),
-    Rule("role-variable-pattern", "error", "a role variable the roles template into units (`pd_services_*`, "
-         "`rdma_memlock_limit`) does not match its pattern"),
+    Rule("role-variable-pattern", "error", "a role variable an inventory may set (`pd_services_*`, `sglang_*`, "
+         "`mooncake_*`, `rdma_*`, `nvidia_driver_*`, `monitoring_*`: `pdnode.values.ROLE_RULES`) does not match the "
+         "pattern its role asserts (interpreters, package names, host paths, limits, URLs)"),
+    Rule("hardening-off", "warning", "a role variable turns a hardening of the units off "
+         "(`pd_services_device_policy: false`); the verifier's services check warns about it too"),
     # --- single settings
     Rule("engine-known", "error", "`pdnode_engine` is sglang or sim"),
     Rule("model-kind-known", "error", "`pdnode_model_kind` is moe_mla, moe or dense"),
@@ -58,6 +61,8 @@ RULES: tuple[Rule, ...] = (
          "or more"),
     Rule("version-pattern", "error", "a version is a release number such as 0.5.23 or 0.3.13.post1"),
     Rule("host-address", "error", "a bind host is an IP address or a DNS name"),
+    Rule("host-zone-id", "error", "no host or address field (`pdnode_router_host`, `pdnode_router_metrics_host`, "
+         "`pdnode_worker_host`, `pdnode_node_address`) carries an IPv6 zone id (`%...`)"),
     Rule("worker-host-loopback", "error", "prefill and decode listen on loopback only (the router is the node's "
          "one public endpoint)"),
     Rule("verify-reference-length", "error", "the verifier's reference prompt and answer are short"),
