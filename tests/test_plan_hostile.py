@@ -580,7 +580,8 @@ ROLE_CASES = {
          "nofile_inject": {"pd_services_limit_nofile": "1024\nUser=root"},
          "timeout_arg": {"pd_services_ready_timeout_s": "60 --x"},
          "timeout_zero": {"pd_services_ready_timeout_s": 0},
-         "watchdog_inject": {"pd_services_watchdog_s": "60\nUser=root"}}),
+         "watchdog_inject": {"pd_services_watchdog_s": "60\nUser=root"},
+         "key_file_option": {"pd_services_api_key_file": "--src=/etc/shadow"}}),
     "rdma": (
         {"rdma_memlock_users": ["sglang", "@rdma"], "rdma_memlock_limit": "unlimited"},
         {"users_inject": {"rdma_memlock_users": ["sglang\n*"]},
@@ -618,7 +619,8 @@ ROLE_CASES = {
          "url_field": {"nvidia_driver_repo_base_url": "https://mirror.example/repos\nTrusted: yes"},
          "url_space": {"nvidia_driver_repo_base_url": "https://mirror.example/a b"},
          "key_path": {"nvidia_driver_repo_key_name": "../../key"},
-         "package_option": {"nvidia_driver_extra_packages": ["--allow-unauthenticated"]}}),
+         "package_option": {"nvidia_driver_extra_packages": ["--allow-unauthenticated"]},
+         "key_file_newline": {"nvidia_driver_repo_key_file": "keys/cuda.pub\nTrusted: yes"}}),
 }
 
 
