@@ -48,8 +48,9 @@ def api(host, path: str, **params: str) -> dict:
     return body["data"]
 
 
-def wait_for(check, timeout_s: float = 90, every_s: float = 3):
-    """check() until it returns a true value, or the last value after the timeout."""
+def wait_for(check, timeout_s: float = 300, every_s: float = 3):
+    """check() until it returns a true value, or the last value after the timeout (far
+    beyond the few scrape intervals a working node needs: it ends as soon as check holds)."""
     deadline = time.monotonic() + timeout_s
     while True:
         got = check()
@@ -206,7 +207,18 @@ def traffic(host, scrape_s) -> float:
         sent.append(result.stdout)
         time.sleep(pause_s)
     assert sent.count("200") == n, f"router answers: {sent}"
-    time.sleep(scrape_s + 2)
+    # Every target scraped twice more: a scrape that began after the last request (a slow
+    # machine delays scrapes; waiting for them, not for a fixed time, cannot come too early).
+    before = {t["scrapeUrl"]: t["lastScrape"] for t in targets(host)}
+    changed: dict[str, set[str]] = {url: set() for url in before}
+
+    def scraped_twice() -> bool:
+        for t in targets(host):
+            if t["lastScrape"] != before.get(t["scrapeUrl"]):
+                changed.setdefault(t["scrapeUrl"], set()).add(t["lastScrape"])
+        return all(len(v) >= 2 for v in changed.values())
+
+    assert wait_for(scraped_twice, timeout_s=300, every_s=1), f"targets not scraped twice since the traffic: {changed}"
     return time.time()
 
 

@@ -204,7 +204,7 @@ def test_verify_sees_a_hung_decode(host, plan_on_host):
     _wait_serving(host)
 
 
-def _wait_serving(host, deadline_s=60):
+def _wait_serving(host, deadline_s=300):  # ends once it serves (5-7 s, docs/measurements.md)
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
         code, _ = curl(host, f"{ROUTER}/v1/completions",

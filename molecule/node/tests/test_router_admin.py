@@ -50,7 +50,7 @@ def chat(host, auth="client"):
                 {"model": "demo-moe", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
 
 
-def wait_serving(host, deadline_s=60):
+def wait_serving(host, deadline_s=300):  # ends once it serves (seconds on a quiet machine)
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
         if chat(host)[0] == 200:
@@ -128,7 +128,7 @@ def test_recovered_kill_9_is_a_warning_not_a_failure(host, plan_file):
     before = int(host.check_output(f"systemctl show -p NRestarts --value {ROUTER_UNIT}"))
     host.check_output(f"kill -9 {old}")
     wait_serving(host)
-    end = time.monotonic() + 30  # the unit is 'active' once its readiness gate returned
+    end = time.monotonic() + 300  # the unit is 'active' once its readiness gate returned
     while host.check_output(f"systemctl show -p ActiveState --value {ROUTER_UNIT}") != "active":
         assert time.monotonic() < end
         time.sleep(0.2)
