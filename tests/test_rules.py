@@ -103,6 +103,8 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "exposing-arg-allowed": ({"prefill[0]": {"extra_args": {"otlp_traces_endpoint": "collector.example:4317"}},
                               "pdnode_allow_exposing_args": ["otlp_traces_endpoint"]}, set()),
     "exposing-allow-known": ({"pdnode_allow_exposing_args": ["otlp_endpoint"]}, set()),
+    "kv-over-tcp": ({"pdnode_transfer_backend": "mooncake_tcp", "pdnode_ib_devices": None,
+                     "pdnode_kv_intranode_nvlink": False}, set()),
     "disagg-setting-same-everywhere": ({"decode[0]": {"extra_args": {"disaggregation_enable_kv_checksum": True}}},
                                        set()),
     "port-range": ({"prefill[0]": {"port": 80}}, set()),

@@ -244,15 +244,26 @@ def _explain_host(plan: Plan) -> None:
 def _explain_layout(plan: Plan) -> None:
     engines = plan.cluster["engines"]
     settings = plan.settings
-    backend = settings["pdnode_transfer_backend"]
-    nics = "RDMA devices per GPU" if settings["pdnode_ib_devices"] else "auto-discovered devices"
-    between = " between the hosts" if plan.cluster["multi_host"] else ""
-    print(f"\nmodel {settings['pdnode_model_served_name']} from {settings['pdnode_model_path']}; KV moves prefill -> "
-          f"decode{between} over {backend}" + (f" ({nics})" if backend != "mooncake_tcp" else " (TCP)") + ".")
+    kv = plan.cluster["kv"]
+    print(f"\nmodel {settings['pdnode_model_served_name']} from {settings['pdnode_model_path']}.")
+    adds = (f"; a {kv['prompt_tokens']}-token prompt adds {_seconds(kv['handoff_s'])} to TTFT "
+            f"({kv['bytes_per_token']} KV bytes per token)" if kv["handoff_s"] is not None
+            else f"; what it adds to TTFT: KV bytes per token {kv['bytes_source']}")
+    print(f"KV hand-off: {kv['path']}, about {kv['gb_s']:g} GB/s ({kv['why']}){adds}.")
+    prefills = [e for e in engines.values() if e["role"] == "prefill"]
+    decodes = [e for e in engines.values() if e["role"] == "decode"]
+    for p in prefills:
+        for d in decodes:
+            where = (f"{p['hosts'][0]} -> {d['hosts'][0]}" if plan.cluster["multi_host"] else "on this host")
+            print(f"  {p['id']} -> {d['id']}: {kv['path']} ({where}), ~{kv['gb_s']:g} GB/s")
     if plan.cluster["multi_host"]:
         router = plan.cluster["router"]
         regs = ", ".join(f"{e['id']} {e['url']}" for e in engines.values())
         print(f"router on {router['host']} at {router['url']} registers {regs} (API key required).")
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
 def _add_inventory(p: argparse.ArgumentParser) -> None:

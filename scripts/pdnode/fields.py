@@ -58,6 +58,13 @@ FIELDS: tuple[Field, ...] = (
     # KV transfer
     _F("pdnode_transfer_backend", "str", "mooncake", "mooncake | mooncake_tcp | nixl"),
     _F("pdnode_ib_devices", "dict", {}, "physical GPU id -> RDMA device(s), e.g. {0: mlx5_0}"),
+    _F("pdnode_kv_intranode_nvlink", "bool", True, "move KV over Mooncake's intra-node NVLink transport when every "
+       "instance runs on one host whose GPUs NVLink joins (false: RDMA or TCP as pdnode_transfer_backend says; "
+       "docs/kv-path.md)"),
+    _F("pdnode_kv_prompt_tokens", "int", 4000, "prompt size (tokens) for which check, explain and plan state what "
+       "the KV hand-off adds to TTFT"),
+    _F("pdnode_model_kv_bytes_per_token", "int_or_none", None, "the model's KV cache bytes per token (bf16: 2 x layers "
+       "x KV heads x head dim x 2); read from pdnode_model_controller_path's config.json when unset"),
     # Router
     _F("pdnode_router_host", "str", "0.0.0.0", "router bind address (the public endpoint; an IP address or a DNS name)"),
     _F("pdnode_router_port", "int", 8000, "router HTTP port (its own default 30000 collides)"),

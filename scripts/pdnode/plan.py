@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from . import argtable, cluster, guards, router_judge, values
+from . import argtable, cluster, guards, kv_path, router_judge, values
 from . import instances as inst_rules
 from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
 from .instances import Instance
@@ -340,6 +340,9 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     _check_capacity(c, v, engines, skip)
     ib_map = _check_transfer(c, v["pdnode_transfer_backend"], v["pdnode_ib_devices"],
                              sorted({g for i in engines if host in i.hosts for g in i.gpus}))
+    kv = None
+    if layout is not None and not c.problems:
+        kv = _kv_path(c, v, layout.multi_host, bool(ib_map))
     _check_thresholds(c, v["pdnode_verify_thresholds"])
     # Arguments that open a door (a listener beyond loopback, no key, data off the node):
     # only with pdnode_allow_exposing_args; a field refused for another cause is not repeated.
@@ -359,7 +362,7 @@ def build_plan(variables: dict[str, Any], host: str = "node",
 
     if c.problems or layout is None:
         raise PlanError(c.problems)
-    plan = _derive(v, engines, ib_map, ports, c.warnings, layout)
+    plan = _derive(v, engines, ib_map, ports, c.warnings, layout, kv)
     if "router" in plan.services:
         # The router package decides whether it starts with these arguments: ask it (the
         # plan's argv, the keys the launcher adds), once everything else holds.
@@ -491,8 +494,28 @@ def _release(v: dict[str, Any]) -> str:
         f"-cu13-{v['pdnode_mooncake_cuda13_version']}")
 
 
+def _kv_path(c: _Checker, v: dict[str, Any], multi_host: bool, nic_map: bool) -> dict[str, Any]:
+    """The layout's KV path (pdnode.kv_path), with the TTFT it adds to the layout's prompt
+    size; TCP on real engines is a warning that says what it costs."""
+    kv = kv_path.choose(v, multi_host, nic_map)
+    per_token, source = kv_path.kv_bytes_per_token(v, REPO_ROOT)
+    seconds = kv_path.handoff_seconds(per_token, v["pdnode_kv_prompt_tokens"], kv["gb_s"])
+    kv.update(bytes_per_token=per_token, bytes_source=source, prompt_tokens=v["pdnode_kv_prompt_tokens"],
+              handoff_s=None if seconds is None else round(seconds, 4))
+    if kv["path"] == "tcp" and v["pdnode_engine"] == "sglang":
+        cost = (f"about {seconds:.2f} s of TTFT for a {v['pdnode_kv_prompt_tokens']}-token prompt "
+                f"({per_token} KV bytes per token, {source})" if seconds is not None
+                else "an unknown share of TTFT (set pdnode_model_kv_bytes_per_token to see it)")
+        c.warn("kv-over-tcp",
+               "pdnode_transfer_backend", v["pdnode_transfer_backend"],
+               f"KV moves from prefill to decode over TCP at about {kv['gb_s']:g} GB/s: {cost}",
+               "map each GPU to an RDMA NIC (pdnode_ib_devices, backend mooncake), or keep prefill and decode on "
+               "one host (pdnode_kv_intranode_nvlink: NVLink)")
+    return kv
+
+
 def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], ports: dict[str, int],
-            warnings: list[Problem], layout: cluster.Layout) -> Plan:
+            warnings: list[Problem], layout: cluster.Layout, kv: dict[str, Any]) -> Plan:
     host = layout.host
     prefix, config_dir, root = v["pdnode_service_prefix"], v["pdnode_config_dir"], v["pdnode_install_root"]
     venv = f"{root}/venvs/{_release(v)}"
@@ -510,6 +533,7 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
     if layout.multi_host:
         # The address a rank advertises to its peers (bootstrap registration, KV hand-off)
         env_common["SGLANG_HOST_IP"] = layout.address(host)
+    env_common.update(kv["environment"])  # what the chosen KV path needs in every engine
     if v["pdnode_engine"] == "sim":
         env_common.update({
             "PDNODE_SIM_PREFILL_MS_PER_TOKEN": str(v["pdnode_sim_prefill_ms_per_token"]),
@@ -528,6 +552,7 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
             continue
         args = _server_args(v, inst, inst.bootstrap_port if inst.role == "prefill" else first_bootstrap, ib_map,
                             layout)
+        args["disaggregation_transfer_backend"] = kv["backend"]  # mooncake under NVLink (pdnode.kv_path)
         base = f"http://{_url_host(args['host'])}"
         # Node rank 0 serves the API; a rank >= 1 of an instance spanning hosts serves only
         # SGLang's dummy health server on the same port (200 once its schedulers run).
@@ -553,6 +578,7 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         services[inst.id] = svc
     _couple(services, env_common, coupled=not layout.multi_host)
     everywhere = _cluster(v, engines, layout)
+    everywhere["kv"] = {k: val for k, val in kv.items() if k != "environment"}
     if layout.router_host == host:
         services["router"] = _router_service(v, everywhere["engines"], install, key, layout)
     return Plan(host=host, install=install, services=services, ports=ports, settings=_settings(v, engines, layout.multi_host),

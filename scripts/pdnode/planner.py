@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .kv_path import kv_bytes_from_config
 from .planner_model import (MeasurementError, Params, Pool, Prediction, Run, Shape, Workload, fit, predict,
                             run_from_bench)
 
@@ -45,27 +46,6 @@ Example:
 
 class PlannerError(Exception):
     """Wrong input: one line, exit 1."""
-
-
-def kv_bytes_from_config(cfg: Mapping[str, Any]) -> int | None:
-    """KV cache bytes per token of a model's config.json (bf16 cache): MLA stores the
-    compressed latent plus the rope key per layer, GQA a key and a value per KV head."""
-    text = cfg.get("text_config")
-    if isinstance(text, Mapping) and "num_hidden_layers" not in cfg:
-        cfg = text
-    layers = cfg.get("num_hidden_layers")
-    if not isinstance(layers, int) or layers < 1:
-        return None
-    if isinstance(cfg.get("kv_lora_rank"), int):
-        return layers * (cfg["kv_lora_rank"] + int(cfg.get("qk_rope_head_dim") or 0)) * 2
-    heads = cfg.get("num_attention_heads")
-    kv_heads = cfg.get("num_key_value_heads", heads)
-    head_dim = cfg.get("head_dim")
-    if not isinstance(head_dim, int) and isinstance(cfg.get("hidden_size"), int) and isinstance(heads, int) and heads:
-        head_dim = cfg["hidden_size"] // heads
-    if not isinstance(kv_heads, int) or not isinstance(head_dim, int):
-        return None
-    return 2 * layers * kv_heads * head_dim * 2
 
 
 def _kv_bytes(args: argparse.Namespace, settings: Mapping[str, Any], repo: Path) -> tuple[int, str]:
@@ -191,7 +171,11 @@ def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
     repo = Path(__file__).resolve().parents[2]
     kv_bytes, kv_source = _kv_bytes(args, settings, repo)
     backend = str(settings.get("pdnode_transfer_backend") or "mooncake")
-    link = args.link_gb_s if args.link_gb_s is not None else LINK_GB_S.get(backend, LINK_GB_S["mooncake"])
+    # Real engines: the path the plan chose (pdnode.kv_path). The stand-in moves its bytes
+    # over loopback TCP whatever the path, so its runs are fitted with the backend's speed.
+    link = args.link_gb_s if args.link_gb_s is not None else (
+        plan.cluster["kv"]["gb_s"] if settings.get("pdnode_engine") == "sglang"
+        else LINK_GB_S.get(backend, LINK_GB_S["mooncake"]))
     params = fit(runs, kv_bytes / (link * 1e9))
     residuals = []
     for r in runs:

@@ -116,6 +116,8 @@ RULES: tuple[Rule, ...] = (
          "it)"),
     Rule("extra-arg-secret", "error", "an argument that holds a secret (it would be on argv and in the JSON)"),
     Rule("extra-arg-value", "error", "a value the flag does not accept (type, choices, a leading `-`)"),
+    Rule("kv-over-tcp", "warning", "the KV hand-off runs over TCP (~1.8 GB/s) on real engines; the line says what "
+         "it adds to TTFT for `pdnode_kv_prompt_tokens`"),
     Rule("disagg-setting-same-everywhere", "error", "`disaggregation_decode_allocation_policy` and "
          "`disaggregation_enable_kv_checksum` are the same on every prefill and decode of the layout (SGLang's help "
          "asks for both roles; one process cannot check its peers)"),
