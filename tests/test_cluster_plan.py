@@ -65,7 +65,7 @@ def test_the_firewall_admits_exactly_the_peers_to_the_hosts_listeners(pair):
 def test_the_firewall_follows_mooncakes_port_range_when_the_inventory_moves_it(pair):
     peers = copy.deepcopy(pair)
     for h in peers:
-        peers[h]["pdnode_engine_environment"] = {**peers[h]["pdnode_engine_environment"],
+        peers[h]["pdnode_engine_environment"] = {**peers[h].get("pdnode_engine_environment", {}),
                                                  "MC_MIN_RPC_PORT": 20000, "MC_MAX_RPC_PORT": 20100}
     fw = build_plan(peers["gpu01"], "gpu01", peers).as_dict()["firewall"]
     assert fw["tcp_port_ranges"][0] == [20000, 20100]

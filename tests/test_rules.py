@@ -105,6 +105,9 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "exposing-allow-known": ({"pdnode_allow_exposing_args": ["otlp_endpoint"]}, set()),
     "kv-over-tcp": ({"pdnode_transfer_backend": "mooncake_tcp", "pdnode_ib_devices": None,
                      "pdnode_kv_intranode_nvlink": False}, set()),
+    "disagg-setting-range": ({"pdnode_disagg_heartbeat_interval_s": 1}, set()),
+    "disagg-environment-owned": ({"pdnode_engine_environment": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": 60}},
+                                 set()),
     "disagg-setting-same-everywhere": ({"decode[0]": {"extra_args": {"disaggregation_enable_kv_checksum": True}}},
                                        set()),
     "port-range": ({"prefill[0]": {"port": 80}}, set()),
@@ -235,7 +238,7 @@ def test_every_problem_of_the_plan_tests_has_a_registered_id(gpu01_vars, changes
 # The checker's calls in the plan's modules: c.error / c.warn / self.error (plan,
 # instances, ports), error (values), WeightsError (capacity).
 MODULES = ["plan.py", "instances.py", "ports.py", "values.py", "capacity.py", "cluster.py", "guards.py",
-           "router_judge.py"]
+           "router_judge.py", "disagg.py"]
 _FORWARDS = {"rule_id"}  # c.error(exc.rule_id, ...) passes on an id set at the source
 
 

@@ -61,6 +61,17 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_kv_intranode_nvlink", "bool", True, "move KV over Mooncake's intra-node NVLink transport when every "
        "instance runs on one host whose GPUs NVLink joins (false: RDMA or TCP as pdnode_transfer_backend says; "
        "docs/kv-path.md)"),
+    _F("pdnode_kv_checksum", "bool", False, "--disaggregation-enable-kv-checksum on every prefill and decode (an "
+       "Adler-32 over each request's KV pages, checked on decode; SGLang needs it on both roles)"),
+    _F("pdnode_decode_allocation_policy", "str", "early", "--disaggregation-decode-allocation-policy on every "
+       "engine: early (SGLang's default) | prefill_complete (SGLang needs the same on both roles)"),
+    _F("pdnode_disagg_bootstrap_timeout_s", "int", 300, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT of every engine: "
+       "how long a hand-off waits for its peer's bootstrap (SGLang's default 300)"),
+    _F("pdnode_disagg_waiting_timeout_s", "int", 300, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT of every engine: how "
+       "long a decode waits for a request's KV (SGLang's default 300)"),
+    _F("pdnode_disagg_heartbeat_interval_s", "float", 5.0, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (at least 2): "
+       "with the next, how soon a decode drops a dead prefill (the plan's restart coupling waits that long)"),
+    _F("pdnode_disagg_heartbeat_max_failure", "int", 2, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (at least 1)"),
     _F("pdnode_kv_prompt_tokens", "int", 4000, "prompt size (tokens) for which check, explain and plan state what "
        "the KV hand-off adds to TTFT"),
     _F("pdnode_model_kv_bytes_per_token", "int_or_none", None, "the model's KV cache bytes per token (bf16: 2 x layers "

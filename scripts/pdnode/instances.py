@@ -394,9 +394,10 @@ SAME_ON_EVERY_ENGINE = {
 }
 
 
-def check_same_disagg_settings(c: Any, instances: list[Instance]) -> None:
-    """Every prefill and decode of the layout sets these the same way (in extra_args)."""
-    for key, default in SAME_ON_EVERY_ENGINE.items():
+def check_same_disagg_settings(c: Any, instances: list[Instance], defaults: dict[str, Any] | None = None) -> None:
+    """Every prefill and decode of the layout ends up with the same value of these: the
+    plan's setting (``defaults``), or an instance's extra_args overriding it."""
+    for key, default in {**SAME_ON_EVERY_ENGINE, **(defaults or {})}.items():
         seen: dict[Any, Instance] = {}
         for inst in instances:
             value = inst.extra_args.get(key, default)
@@ -407,7 +408,7 @@ def check_same_disagg_settings(c: Any, instances: list[Instance]) -> None:
             (first_value, first), (value, other) = list(seen.items())[:2]
             c.error("disagg-setting-same-everywhere",
                     f"{other.field}.extra_args.{key}", value,
-                    f"differs from {first.id} ({first_value!r}{'' if key in first.extra_args else ', the default'}): "
+                    f"differs from {first.id} ({first_value!r}{'' if key in first.extra_args else ', the plan setting'}): "
                     "SGLang needs the same value on every prefill and decode of a layout, and one process cannot "
                     "check its peers", f"set {key} to the same value in every instance's extra_args")
 

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from . import argtable, cluster, guards, kv_path, router_judge, values
+from . import argtable, cluster, disagg, guards, kv_path, router_judge, values
 from . import instances as inst_rules
 from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
 from .instances import Instance
@@ -336,7 +336,8 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     for inst in engines:
         inst_rules.check(c, inst, v["pdnode_gpu_count"], kind, known)
     inst_rules.check_shared_gpus(c, engines)
-    inst_rules.check_same_disagg_settings(c, engines)
+    disagg.check(c, v)
+    inst_rules.check_same_disagg_settings(c, engines, disagg.engine_defaults(v))
     _check_capacity(c, v, engines, skip)
     ib_map = _check_transfer(c, v["pdnode_transfer_backend"], v["pdnode_ib_devices"],
                              sorted({g for i in engines if host in i.hosts for g in i.gpus}))
@@ -480,6 +481,7 @@ def _server_args(v: dict[str, Any], inst: Instance, bootstrap_port: int, ib_map:
         args["disaggregation_ib_device"] = {str(g): ib_map[g] for g in inst.gpus}
     if v["pdnode_model_load_format"]:
         args["load_format"] = v["pdnode_model_load_format"]
+    args.update(disagg.server_args(v))
     args.update(inst.extra_args)
     return args
 
@@ -533,6 +535,7 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
     if layout.multi_host:
         # The address a rank advertises to its peers (bootstrap registration, KV hand-off)
         env_common["SGLANG_HOST_IP"] = layout.address(host)
+    env_common.update(disagg.environment(v))  # the hand-off's timeouts and heartbeat, explicit
     env_common.update(kv["environment"])  # what the chosen KV path needs in every engine
     if v["pdnode_engine"] == "sim":
         env_common.update({

@@ -118,6 +118,10 @@ RULES: tuple[Rule, ...] = (
     Rule("extra-arg-value", "error", "a value the flag does not accept (type, choices, a leading `-`)"),
     Rule("kv-over-tcp", "warning", "the KV hand-off runs over TCP (~1.8 GB/s) on real engines; the line says what "
          "it adds to TTFT for `pdnode_kv_prompt_tokens`"),
+    Rule("disagg-setting-range", "error", "a disaggregation setting (`pdnode_disagg_*`, "
+         "`pdnode_decode_allocation_policy`) is one SGLang accepts"),
+    Rule("disagg-environment-owned", "error", "`pdnode_engine_environment` does not set a variable a "
+         "`pdnode_disagg_*` setting owns"),
     Rule("disagg-setting-same-everywhere", "error", "`disaggregation_decode_allocation_policy` and "
          "`disaggregation_enable_kv_checksum` are the same on every prefill and decode of the layout (SGLang's help "
          "asks for both roles; one process cannot check its peers)"),

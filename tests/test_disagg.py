@@ -1,0 +1,63 @@
+"""SGLang's disaggregation settings owned by the plan (issue 19, section 3): one
+inventory setting each, rendered into every engine; what one SGLang process cannot
+check across instances is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+from planvars import changed, variables
+
+from pdnode.plan import PlanError, build_plan
+
+
+def _plan(**changes):
+    return build_plan(changed(variables("gpu01"), changes), "gpu01")
+
+
+def test_the_hand_offs_timeouts_and_heartbeat_are_explicit_in_every_engine():
+    plan = build_plan(variables("gpu01"), "gpu01")
+    for svc in plan.engines():
+        env = svc["environment"]
+        assert env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "600"
+        assert env["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"] == "5"
+        assert env["SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"] == "2"
+
+
+def test_checksum_and_policy_are_set_on_every_engine_from_one_setting():
+    plan = _plan(pdnode_kv_checksum=True)
+    assert all(s["args"]["disaggregation_enable_kv_checksum"] is True for s in plan.engines())
+    assert all("disaggregation_decode_allocation_policy" not in s["args"] for s in plan.engines())
+
+
+def test_the_defaults_render_nothing_sglang_does_not_already_do():
+    plan = build_plan(variables("gpu01"), "gpu01")
+    for s in plan.engines():
+        assert "disaggregation_enable_kv_checksum" not in s["args"]
+        assert "disaggregation_decode_allocation_policy" not in s["args"]
+
+
+@pytest.mark.parametrize(("changes", "rule"), [
+    ({"decode[0]": {"extra_args": {"disaggregation_enable_kv_checksum": True}}}, "disagg-setting-same-everywhere"),
+    ({"pdnode_kv_checksum": True, "prefill[0]": {"extra_args": {"disaggregation_enable_kv_checksum": False}}},
+     "disagg-setting-same-everywhere"),
+    ({"decode[0]": {"extra_args": {"disaggregation_decode_allocation_policy": "prefill_complete"}}},
+     "disagg-setting-same-everywhere"),
+    ({"pdnode_decode_allocation_policy": "late"}, "disagg-setting-range"),
+    ({"pdnode_disagg_heartbeat_interval_s": 1.5}, "disagg-setting-range"),
+    ({"pdnode_disagg_waiting_timeout_s": 0}, "disagg-setting-range"),
+    ({"pdnode_engine_environment": {"SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "7"}}, "disagg-environment-owned"),
+])
+def test_what_breaks_the_hand_off_is_refused(changes, rule):
+    try:
+        build_plan(changed(variables("gpu01"), changes), "gpu01")
+    except PlanError as exc:
+        assert [p.rule_id for p in exc.problems] == [rule], [str(p) for p in exc.problems]
+    else:
+        pytest.fail("accepted")
+
+
+def test_an_instance_may_override_the_setting_when_all_agree():
+    plan = _plan(**{"pdnode_kv_checksum": False,
+                    "prefill[0]": {"extra_args": {"disaggregation_enable_kv_checksum": True}},
+                    "decode[0]": {"extra_args": {"disaggregation_enable_kv_checksum": True}}})
+    assert all(s["args"]["disaggregation_enable_kv_checksum"] is True for s in plan.engines())
