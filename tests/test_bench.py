@@ -143,6 +143,20 @@ def test_instance_work_is_the_counter_delta_per_instance() -> None:
     assert work["decode-0"] == {"role": "decode", "requests": 10, "prompt_tokens": 1100, "generation_tokens": 160}
 
 
+def test_a_prefills_kv_hand_offs_are_counted_with_their_mean_time_and_speed() -> None:
+    def kv(count: int, ms: float, mb: float) -> str:
+        labels = '{engine_type="unified",tp_rank="0",pp_rank="0"}'
+        return ("# TYPE sglang:kv_transfer_latency_ms histogram\n"
+                f"sglang:kv_transfer_latency_ms_sum{labels} {ms}\nsglang:kv_transfer_latency_ms_count{labels} {count}\n"
+                "# TYPE sglang:kv_transfer_total_mb histogram\n"
+                f"sglang:kv_transfer_total_mb_sum{labels} {mb}\nsglang:kv_transfer_total_mb_count{labels} {count}\n")
+    before = reading(prefill_0=("prefill", prom("prefill", 1, 10, 1) + kv(1, 5.0, 2.0), None))
+    after = reading(prefill_0=("prefill", prom("prefill", 11, 1010, 11) + kv(11, 45.0, 82.0), None))
+    work = bench_report.instance_work(before, after)["prefill-0"]
+    # 10 hand-offs, 40 ms and 80 MB between the readings: 4 ms each, 2 GB/s (MB per ms)
+    assert work["kv_handoff"] == {"transfers": 10, "mean_ms": 4.0, "gb_s": 2.0}
+
+
 def test_a_restarted_engine_counts_from_zero_and_a_new_series_counts_whole() -> None:
     before = reading(decode_0=("decode", prom("decode", 50, 5000, 500), None))
     # restarted mid-run: the counter went down, so all of its value after is this run's
@@ -411,11 +425,9 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
 
     model = tmp / "model"
     model.mkdir()
-    # the plan refuses an install root under /tmp (a system directory), and a clone may live
-    # there: the user's cache is not one
-    cache = Path.home() / ".cache" / "pdnode"
-    cache.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="test-bench-", dir=cache))
+    # the plan refuses an install root in a system tree (/tmp, /root, ...): a directory of
+    # its own under /opt, as a real one would be (removed below)
+    scratch = Path(tempfile.mkdtemp(prefix="pdnode-test-bench-", dir="/opt"))
     root = scratch / "root"
     (model / "config.json").write_text((REPO / "playbooks/files/demo-moe/config.json").read_text())
     p0, b0, p1, b1, d0, router, metrics, n0, n1, n2 = _free_ports(10)
@@ -517,6 +529,13 @@ def test_bench_through_the_real_router_agrees_with_the_engines_counters(
     assert sum(p["prompt_tokens"] for p in prefill) == res["input_tokens"]
     assert inst["decode-0"]["generation_tokens"] == res["output_tokens"]
     assert inst["decode-0"]["prompt_tokens"] == res["input_tokens"]
+    # every request's KV went through a prefill's hand-off, measured by the engines (the
+    # stand-in moves it through the real Mooncake): one transfer per request it served
+    assert all(("kv_handoff" in p) == (p["requests"] > 0) for p in prefill), prefill
+    handoffs = [p["kv_handoff"] for p in prefill if "kv_handoff" in p]
+    assert sum(h["transfers"] for h in handoffs) == 24
+    assert all(h["mean_ms"] > 0 and h["gb_s"] > 0 for h in handoffs), handoffs
+    assert "kv_handoff" not in inst["decode-0"]
     assert rep["notes"] == []
     for key in ("ttft_s", "itl_s", "e2e_s"):
         t = res[key]

@@ -31,7 +31,10 @@ from .verify.http import request
 from .verify.metrics import MetricsParseError, parse
 
 SCHEMA = "pdnode.bench_counters/1"
-COUNTERS = ("sglang:num_requests_total", "sglang:prompt_tokens_total", "sglang:generation_tokens_total")
+COUNTERS = ("sglang:num_requests_total", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
+            # the prefill's KV hand-offs (histograms: their _sum and _count are counters)
+            "sglang:kv_transfer_latency_ms_sum", "sglang:kv_transfer_latency_ms_count",
+            "sglang:kv_transfer_total_mb_sum")
 TIMEOUT_S = 10.0
 
 

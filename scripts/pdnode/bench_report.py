@@ -16,7 +16,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .bench_counters import COUNTERS
 from .verify.metrics import Snapshot, counter_delta
 
 SCHEMA = "pdnode.bench/1"
@@ -131,7 +130,7 @@ def instance_work(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[s
         row: dict[str, Any] = {"role": a.get("role") or b.get("role")}
         error = a.get("error") or b.get("error")
         snap_b, snap_a = snapshot_of(b), snapshot_of(a)
-        for name in COUNTERS:
+        for name in _INSTANCE_KEYS:
             key = _INSTANCE_KEYS[name]
             if error:
                 row[key] = None
@@ -139,11 +138,27 @@ def instance_work(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[s
             delta = counter_delta(snap_b, snap_a, name)
             # A counter SGLang has not created yet (no request finished since start) is 0.
             row[key] = int(round(delta)) if delta is not None else 0
+        handoff = _handoff(snap_b, snap_a) if not error and row["role"] == "prefill" else None
+        if handoff is not None:
+            row["kv_handoff"] = handoff
         if error:
             row["error"] = error
         out[iid] = row
     return dict(sorted(out.items(), key=lambda kv: (ENGINE_ROLES.index(kv[1]["role"])
                                                     if kv[1]["role"] in ENGINE_ROLES else 9, kv[0])))
+
+
+def _handoff(before: Snapshot, after: Snapshot) -> dict[str, Any] | None:
+    """The KV hand-offs a prefill measured during the run (SGLang's kv_transfer_*
+    histograms): how many, their mean time and the speed over all of them; None when
+    it made none (or does not export them)."""
+    count = counter_delta(before, after, "sglang:kv_transfer_latency_ms_count")
+    latency_ms = counter_delta(before, after, "sglang:kv_transfer_latency_ms_sum")
+    total_mb = counter_delta(before, after, "sglang:kv_transfer_total_mb_sum")
+    if not count or latency_ms is None:
+        return None
+    return {"transfers": int(round(count)), "mean_ms": round(latency_ms / count, 3),
+            "gb_s": round(total_mb / latency_ms, 3) if total_mb is not None and latency_ms > 0 else None}
 
 
 def consistency(res: Mapping[str, Any], instances: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -256,6 +271,11 @@ def to_table(report: Mapping[str, Any]) -> str:
         lines += _table([("instance", "role", "requests", "prompt tokens", "generation tokens")] + [
             (iid, row["role"], _num(row["requests"]), _num(row["prompt_tokens"]), _num(row["generation_tokens"]))
             for iid, row in report["instances"].items()], right_from=2)
+    handoffs = [(iid, row["kv_handoff"]) for iid, row in report["instances"].items() if row.get("kv_handoff")]
+    if handoffs:
+        lines.append("")
+        lines += [f"KV hand-off ({iid}): {h['transfers']} transfers, mean {h['mean_ms']:.2f} ms"
+                  + (f", {h['gb_s']:g} GB/s" if h["gb_s"] is not None else "") for iid, h in handoffs]
     if report["notes"]:
         lines.append("")
         lines += [f"note: {n}" for n in report["notes"]]
