@@ -250,6 +250,11 @@ def _explain_layout(plan: Plan) -> None:
             f"({kv['bytes_per_token']} KV bytes per token)" if kv["handoff_s"] is not None
             else f"; what it adds to TTFT: KV bytes per token {kv['bytes_source']}")
     print(f"KV hand-off: {kv['path']}, about {kv['gb_s']:g} GB/s ({kv['why']}){adds}.")
+    if kv["bytes_per_token"]:
+        from .kv_path import SPEEDS, handoff_seconds
+        others = ", ".join(f"{path} {_seconds(handoff_seconds(kv['bytes_per_token'], kv['prompt_tokens'], gb_s))}"
+                           for path, (gb_s, _) in SPEEDS.items() if path not in (kv["path"], "nixl"))
+        print(f"  the same prompt over the other paths: {others}.")
     prefills = [e for e in engines.values() if e["role"] == "prefill"]
     decodes = [e for e in engines.values() if e["role"] == "decode"]
     for p in prefills:

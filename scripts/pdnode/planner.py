@@ -237,7 +237,9 @@ def _print_table(res: Mapping[str, Any], args: argparse.Namespace) -> None:
     print(f"rates fitted to {len(res['runs'])} run(s): prefill {1 / p.tau:,.0f} tok/s per GPU, decode step "
           f"{p.beta * 1000:.2f} ms + {p.gamma * 1000:.3f} ms per running request, fixed TTFT "
           f"{p.delta * 1000:.1f} ms; KV {res['kv']['bytes_per_token']} B/token ({res['kv']['source']}) "
-          f"over {res['kv']['link_gb_s']:g} GB/s")
+          f"over {res['kv']['link_gb_s']:g} GB/s"
+          + (f": the hand-off adds {res['kv']['bytes_per_token'] * w.input_len / (res['kv']['link_gb_s'] * 1e6):.1f} "
+             f"ms to each {w.input_len}-token prompt's TTFT" if res["kv"]["bytes_per_token"] else ""))
     for r in res["residuals"]:
         print(f"  fit check {r['source']}: measured {r['measured_request_throughput']:.2f} req/s, "
               f"model {r['predicted_request_throughput']:.2f} ({r['error']:+.1%})")
