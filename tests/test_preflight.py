@@ -421,3 +421,43 @@ def test_the_verdict_recorded_on_the_two_gpu_machine():
     rep = json.loads((FIX / "h200-2gpu" / "preflight-report.json").read_text())
     assert rep["verdict"]["ok"] is True
     assert pf.report(rep["facts"], rep["expect"]) == rep["verdict"]
+
+
+# --- the KV path: NVLink between each prefill GPU and decode GPU (docs/kv-path.md) ------------
+
+def _kv_problems(facts: dict, pairs: list) -> list:
+    exp = hgx_expect(kv_path="nvlink", kv_gpu_pairs=pairs)
+    return [p for p in pf.judge(facts, exp) if p.check == "kv.nvlink"]
+
+
+def test_kv_over_nvlink_passes_where_nvlink_joins_every_prefill_and_decode_gpu(hgx_raw):
+    assert _kv_problems(hf.collect(hgx_raw), [[[0, 1, 2, 3], [4, 5, 6, 7]]]) == []
+
+
+def test_kv_over_nvlink_warns_naming_the_gpus_a_pcie_link_joins(hgx_raw):
+    facts = hf.collect(hgx_raw)
+    facts["topology"]["links"]["GPU0"]["GPU4"] = "PHB"
+    facts["topology"]["links"]["GPU1"]["GPU5"] = "SYS"
+    (p,) = _kv_problems(facts, [[[0, 1, 2, 3], [4, 5, 6, 7]]])
+    assert p.severity == "warning"
+    assert p.line.startswith("WARNING kv.nvlink='GPU 0 -> GPU 4: PHB, GPU 1 -> GPU 5: SYS': the plan moves KV over "
+                             "Mooncake's intra-node NVLink transport"), p.line
+    assert "pdnode_kv_intranode_nvlink: false" in p.fix
+
+
+def test_the_real_two_h200_host_joins_its_gpus_by_nvlink():
+    """The 2 x H200 capture (tests/fixtures/nvidia-smi/h200-2gpu): a prefill on GPU 0 and a
+    decode on GPU 1 get the NVLink path, and the topology agrees (NV18)."""
+    topo = hf.parse_topo_matrix((FIX / "h200-2gpu" / "topo-m.txt").read_text())
+    assert topo["links"]["GPU0"]["GPU1"] == "NV18"
+    exp = pf.expectations(None, {"kv_path": "nvlink", "kv_gpu_pairs": [[[0], [1]]], "gpu_count": 2})
+    j = pf._J()
+    pf._kv_nvlink(j, {"topology": topo}, exp)
+    assert j.problems == []
+
+
+def test_expectations_carry_the_plans_kv_path_and_pairs():
+    plan = build_plan(load_inventory(ROOT / "inventories" / "gpu01-2p1d", "gpu01").variables, "gpu01").as_dict()
+    exp = pf.expectations(plan)
+    assert exp["kv_path"] == "nvlink"
+    assert exp["kv_gpu_pairs"] == [[[0, 1], [4, 5, 6, 7]], [[2, 3], [4, 5, 6, 7]]]

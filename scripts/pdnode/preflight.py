@@ -44,7 +44,8 @@ def _show(value: Any) -> str:
 
 EXPECT_KEYS = ("gpu_count", "gpu_model", "driver_branch", "gpu_ids", "ports", "nics",
                "transfer_backend", "model_path", "own_unit_prefix", "supported_os",
-               "require_systemd", "min_free_disk_gb", "check_cuda", "engine", "own_units")
+               "require_systemd", "min_free_disk_gb", "check_cuda", "engine", "own_units",
+               "kv_path", "kv_gpu_pairs")
 
 
 def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -74,6 +75,11 @@ def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None =
             "own_unit_prefix": s.get("pdnode_service_prefix"),
             "engine": (plan.get("install") or {}).get("engine"),
             "own_units": sorted(svc["unit"] for svc in (plan.get("services") or {}).values()) or None,
+            # the KV path the plan chose, and the GPUs of each prefill -> decode pair on this host
+            "kv_path": ((plan.get("cluster") or {}).get("kv") or {}).get("path"),
+            "kv_gpu_pairs": [[p.get("gpus") or [], d.get("gpus") or []]
+                             for p in engines if p.get("role") == "prefill"
+                             for d in engines if d.get("role") == "decode"] or None,
         })
     for key, value in (overrides or {}).items():
         if key not in EXPECT_KEYS:
@@ -333,6 +339,26 @@ def _nics(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
                        f"PIX/PXB){hint}", f"map GPU {gpu} to its closest NIC in pdnode_ib_devices")
 
 
+def _kv_nvlink(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
+    """The plan moves KV over Mooncake's intra-node NVLink transport: each prefill GPU
+    and decode GPU of a pair should be joined by NVLink (NV# in `nvidia-smi topo -m`).
+    Over a PCIe link the transport still works (CUDA IPC), at PCIe speed: a warning."""
+    if exp.get("kv_path") != "nvlink" or not exp.get("kv_gpu_pairs"):
+        return
+    links = (facts.get("topology") or {}).get("links") or {}
+    if not links:
+        return  # no topology read (the GPU checks say why)
+    slow = sorted({(a, b, links.get(f"GPU{a}", {}).get(f"GPU{b}") or "?")
+                   for prefill, decode in exp["kv_gpu_pairs"] for a in prefill for b in decode
+                   if not str(links.get(f"GPU{a}", {}).get(f"GPU{b}") or "").startswith("NV")})
+    if slow:
+        shown = ", ".join(f"GPU {a} -> GPU {b}: {link}" for a, b, link in slow[:4]) + (
+            f" (and {len(slow) - 4} more)" if len(slow) > 4 else "")
+        j.warn("kv.nvlink", shown, "the plan moves KV over Mooncake's intra-node NVLink transport, but these prefill "
+               "-> decode GPUs are not joined by NVLink (it then runs at PCIe speed)",
+               "set pdnode_kv_intranode_nvlink: false, or give prefill and decode GPUs that NVLink joins")
+
+
 def _memlock(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
     mem = facts.get("memlock") or {}
     if exp["transfer_backend"] in RDMA_BACKENDS and mem.get("known") and mem.get("soft") is not None:
@@ -412,6 +438,7 @@ def judge(facts: dict[str, Any], expect: dict[str, Any]) -> list[Problem]:
         _fabric(j, facts)
         _cuda(j, facts, exp, smi_count)
         _nics(j, facts, exp)
+        _kv_nvlink(j, facts, exp)
     _memlock(j, facts, exp)
     _ports(j, facts, exp)
     _model(j, facts, exp)
