@@ -188,12 +188,14 @@ def test_pings_while_loading_and_healthy_and_stops_when_health_fails(notify_sock
         side.wait_line("/health answered 200")
         wait_pings(sock, 2, side)
         health.answer = "hang"
-        side.wait_line("not pinging systemd's watchdog (1 s): /health: timed out")
-        drain(sock)  # the pings of the probes before the hang
+        # A probe that hangs has begun: every earlier probe has decided, its ping is queued.
+        wait_for("a probe of the hanging /health", lambda: health.hung >= 1, side)
+        drain(sock)
         hung = health.hung
         # two more probes have hung since: each decided (no ping) before the next one started
         wait_for("two more probes of the hanging /health", lambda: health.hung >= hung + 2, side)
         assert drain(sock) == 0, "pinged for an engine whose /health hangs"
+        assert "not pinging systemd's watchdog (1 s): /health: timed out" in side.err()
         health.answer = 200
         wait_pings(sock, 2, side)
         side.wait_line("pdnode.watchdog: pinging again")
