@@ -32,6 +32,8 @@ CASES = {
                            "nested deeper than"),
     "nesting_100_block": ("host_vars/gpu01.yml",
                           "".join(f"{' ' * i}k{i}:\n" for i in range(100)) + " " * 100 + "v: 1\n", "nested deeper than"),
+    # a .json name does not exempt YAML: Ansible falls back to YAML when JSON fails
+    "alias_bomb_in_a_json_named_file": ("group_vars/all/zz.json", BOMB, "aliases are expanded"),
     "string_5mb": ("group_vars/all/zz.yml", "pdnode_model_served_name: " + "a" * 5_000_000 + "\n", "bytes, more than"),
     "total_size": ("group_vars/all", None, "hold more than"),
 }

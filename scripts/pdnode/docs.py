@@ -26,7 +26,7 @@ def inventory_markdown() -> str:
         "normalized (no `..`, `.`, `//` or trailing `/`), only letters, digits and `. _ - /`, at most",
         "200 characters. The install root and the config dir are made owned by the service user,",
         "so they need two components at least and may not be a directory that holds others'",
-        "(`/etc`, `/opt`, `/var/lib`, ...) nor lie in a system tree (`/usr/...`, `/root/...`,",
+        "(`/etc`, `/opt`, `/var/lib`, ...) nor lie in a system tree (`/usr/...`, root's home,",
         "`/boot`, `/proc`, `/sys`, `/dev`, `/run`, `/tmp`, `/var/spool/...`, the OS's and common",
         "services' entries of `/etc` and `/var/lib` such as `/etc/systemd/...`, `/etc/cron.*`,",
         "`/etc/sudoers.d`, a home and its dot-directories such as `/home/<user>/.ssh`;",

@@ -103,10 +103,11 @@ def _check_structure(file: Path, text: str) -> None:
         except RecursionError:
             raise InventoryError(f"{file}: nested deeper than {MAX_DEPTH} levels; flatten the structure") from None
         except ValueError:
-            return  # Ansible then tries it as YAML, below
-        if _json_depth(value) > MAX_DEPTH:
-            raise InventoryError(f"{file}: nested deeper than {MAX_DEPTH} levels; flatten the structure")
-        return
+            value = None  # not JSON: Ansible reads it as YAML, so it is held to the YAML limits below
+        else:
+            if _json_depth(value) > MAX_DEPTH:
+                raise InventoryError(f"{file}: nested deeper than {MAX_DEPTH} levels; flatten the structure")
+            return
     if _flow_depth(text) > MAX_DEPTH:  # before the parser spends a second on 20,000 brackets
         raise InventoryError(f"{file}: nested deeper than {MAX_DEPTH} levels; flatten the structure")
     try:
