@@ -61,3 +61,25 @@ def test_an_instance_may_override_the_setting_when_all_agree():
                     "prefill[0]": {"extra_args": {"disaggregation_enable_kv_checksum": True}},
                     "decode[0]": {"extra_args": {"disaggregation_enable_kv_checksum": True}}})
     assert all(s["args"]["disaggregation_enable_kv_checksum"] is True for s in plan.engines())
+
+
+@pytest.mark.parametrize("changes", [
+    {"decode[0]": {"extra_args": {"page_size": 64}}},
+    {"prefill[0]": {"extra_args": {"page_size": 32}}, "decode[0]": {"extra_args": {"page_size": 64}}},
+    {"prefill[0]": {"extra_args": {"kv_cache_dtype": "fp8_e4m3"}}},
+])
+def test_a_different_kv_layout_between_prefill_and_decode_is_refused_naming_both(changes):
+    """The decode would raise 'Page size mismatch' / 'KV cache dtype mismatch' at its first
+    request (SGLang 0.5.23, disaggregation/common/conn.py, try_ensure_parallel_info)."""
+    with pytest.raises(PlanError) as info:
+        _plan(**changes)
+    [problem] = info.value.problems
+    assert problem.rule_id == "disagg-kv-layout-same"
+    assert "prefill-0" in str(problem) and "mismatch" in str(problem) and "every prefill and decode" in str(problem)
+
+
+def test_the_same_kv_layout_everywhere_and_sglangs_default_spelled_out_are_accepted():
+    same = {"extra_args": {"page_size": 64, "kv_cache_dtype": "fp8_e4m3"}}
+    assert _plan(**{"prefill[0]": same, "decode[0]": same})
+    # "auto" is SGLang's own default: writing it on one side only changes nothing
+    assert _plan(**{"decode[0]": {"extra_args": {"kv_cache_dtype": "auto"}}})

@@ -72,10 +72,61 @@ def test_nixl_keeps_its_backend():
     assert {s["args"]["disaggregation_transfer_backend"] for s in plan.engines()} == {"nixl"}
 
 
-def test_the_stand_in_node_says_its_bytes_go_over_loopback_tcp():
+def test_the_stand_in_node_paces_its_loopback_bytes_to_the_paths_speed():
     plan = build_plan(variables("demo"), "pdnode-demo")
     assert plan.cluster["kv"]["path"] == "nvlink" and "loopback TCP" in plan.cluster["kv"]["why"]
     assert plan.cluster["kv"]["handoff_s"] is not None  # the stand-in's bytes per token are known
+    for env in _engines_env(plan):
+        assert env["PDNODE_SIM_KV_GB_S"] == "385.0" and env["MC_INTRANODE_NVLINK"] == "1"
+    tcp = build_plan(changed(variables("demo"), {"pdnode_kv_intranode_nvlink": False}), "pdnode-demo")
+    for env in _engines_env(tcp):
+        assert env["PDNODE_SIM_KV_GB_S"] == "1.8" and "MC_INTRANODE_NVLINK" not in env
+    # the stand-in's engines are not measured by the verify's link check, nor given a floor
+    assert plan.cluster["kv"]["checks"] == [] and not plan.cluster["kv"]["floor_from_path"]
+
+
+@pytest.mark.parametrize(("changes", "floor"), [
+    ({}, 5.0),                                    # nvlink: a fall-back to TCP (<= 2.0 GB/s) fails
+    ({"pdnode_kv_intranode_nvlink": False}, 5.0),  # rdma: the same
+    ({"pdnode_kv_intranode_nvlink": False, "pdnode_transfer_backend": "mooncake_tcp", "pdnode_ib_devices": None},
+     0.35),                                       # tcp: a quarter of its lowest measurement
+])
+def test_the_verify_floor_is_the_paths_when_the_inventory_sets_none(changes, floor):
+    v = changed(variables("gpu01"), changes)
+    v["pdnode_verify_thresholds"] = {k: x for k, x in v["pdnode_verify_thresholds"].items()
+                                     if k != "kv_transfer_speed_min_gb_s"}
+    plan = build_plan(v, "gpu01")
+    assert plan.settings["pdnode_verify_thresholds"]["kv_transfer_speed_min_gb_s"] == floor
+    assert plan.cluster["kv"]["floor_from_path"]
+    # the inventory's own value wins, and is said to
+    v["pdnode_verify_thresholds"] = {**v["pdnode_verify_thresholds"], "kv_transfer_speed_min_gb_s": 12.5}
+    plan = build_plan(v, "gpu01")
+    assert plan.settings["pdnode_verify_thresholds"]["kv_transfer_speed_min_gb_s"] == 12.5
+    assert not plan.cluster["kv"]["floor_from_path"]
+
+
+def test_the_link_checks_cover_each_gpu_pair_once_with_the_paths_transport():
+    plan = build_plan(variables("gpu01-2p1d"), "gpu01")
+    checks = plan.cluster["kv"]["checks"]
+    firsts = {s["id"]: s["gpus"][0] for s in plan.engines()}
+    assert [(c["pair"], c["src_gpu"], c["dst_gpu"]) for c in checks] == [
+        ("prefill-0 -> decode-0", firsts["prefill-0"], firsts["decode-0"]),
+        ("prefill-1 -> decode-0", firsts["prefill-1"], firsts["decode-0"])]
+    assert all(c["args"][-1] == "--intranode-nvlink" for c in checks)
+    rdma = build_plan(changed(variables("gpu01"), {"pdnode_kv_intranode_nvlink": False}), "gpu01")
+    [check] = rdma.cluster["kv"]["checks"]
+    nic = rdma.engines()[0]["args"]["disaggregation_ib_device"][str(check["src_gpu"])]
+    assert check["args"][-4:] == ["--protocol", "rdma", "--device-name", nic]
+    peers = inventory_variables(ROOT / "inventories" / "gpu-pair")
+    assert all(build_plan(peers[h], h, peers).cluster["kv"]["checks"] == [] for h in peers)
+
+
+def test_the_check_tool_is_where_the_mooncake_role_installs_it():
+    import yaml
+    role_vars = yaml.safe_load((ROOT / "roles" / "mooncake" / "vars" / "main.yml").read_text())
+    plan = build_plan(variables("gpu01"), "gpu01")
+    assert role_vars["_mooncake_check_tool"].replace("{{ mooncake_venv }}", plan.install["venv"]) \
+        == plan.install["kv_check_tool"]
 
 
 def test_explain_shows_each_pairs_path_speed_and_ttft():

@@ -286,3 +286,21 @@ def test_written_instances_keep_the_inventorys_extra_args_and_pass_yamllint(benc
     lint = subprocess.run([str(ROOT / ".venv" / "bin" / "yamllint"), "-s", "-c", str(ROOT / ".yamllint"), str(out)],
                           capture_output=True, text=True, check=False)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+@pytest.mark.parametrize(("inventory", "changes", "path", "link"), [
+    ("gpu01", {}, "nvlink", 385.0),
+    ("gpu01", {"pdnode_kv_intranode_nvlink": False, "pdnode_transfer_backend": "mooncake_tcp",
+               "pdnode_ib_devices": None}, "tcp", 1.8),
+    ("demo", {}, "nvlink", 1.8),  # the stand-in's bytes cross loopback: no faster than TCP
+    ("demo", {"pdnode_kv_intranode_nvlink": False}, "tcp", 1.8),
+])
+def test_the_hand_off_term_is_the_plans_path(bench_files, tmp_path, capsys, inventory, changes, path, link):
+    inv = tmp_path / "inv"
+    shutil.copytree(ROOT / "inventories" / inventory, inv)
+    extra = inv / "group_vars" / "all" / "zz-kv.yml"
+    extra.write_text(yaml.safe_dump(changes) if changes else "---\n")
+    argv = ["plan", str(inv), "--measurements", bench_files[0], "--measurements", bench_files[1], "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["kv_handoff"]["path"] == path and report["kv_handoff"]["link_gb_s"] == link

@@ -110,6 +110,7 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
                                  set()),
     "disagg-setting-same-everywhere": ({"decode[0]": {"extra_args": {"disaggregation_enable_kv_checksum": True}}},
                                        set()),
+    "disagg-kv-layout-same": ({"decode[0]": {"extra_args": {"page_size": 64}}}, set()),
     "port-range": ({"prefill[0]": {"port": 80}}, set()),
     "port-collision": ({"prefill[0]": {"port": 8000}}, set()),
     "router-port-not-30000": ({"pdnode_router_port": 30000}, set()),

@@ -261,6 +261,14 @@ def _explain_layout(plan: Plan) -> None:
         for d in decodes:
             where = (f"{p['hosts'][0]} -> {d['hosts'][0]}" if plan.cluster["multi_host"] else "on this host")
             print(f"  {p['id']} -> {d['id']}: {kv['path']} ({where}), ~{kv['gb_s']:g} GB/s")
+    floor = (settings.get("pdnode_verify_thresholds") or {}).get("kv_transfer_speed_min_gb_s")
+    if floor is not None:
+        why = (f"the {kv['path']} path's: {kv['floor_source']}" if kv.get("floor_from_path")
+               else "pdnode_verify_thresholds")
+        print(f"  verify's KV-speed floor: {floor:g} GB/s ({why}).")
+    for check in kv["checks"]:
+        print(f"  verify measures {check['pair']} (GPU {check['src_gpu']} -> {check['dst_gpu']}) with the Mooncake "
+              f"check: {' '.join(check['args'])}")
     if plan.cluster["multi_host"]:
         router = plan.cluster["router"]
         regs = ", ".join(f"{e['id']} {e['url']}" for e in engines.values())

@@ -413,6 +413,32 @@ def check_same_disagg_settings(c: Any, instances: list[Instance], defaults: dict
                     "check its peers", f"set {key} to the same value in every instance's extra_args")
 
 
+# The KV layout a decode checks against its prefill's at run time, when the first request
+# arrives (SGLang 0.5.23, srt/disaggregation/common/conn.py, try_ensure_parallel_info:
+# "Page size mismatch ... Both servers must use the same --page-size value", "KV cache
+# dtype mismatch ... the same --kv-cache-dtype value"): a RuntimeError in the decode then,
+# a refusal here before anything starts. The model and the transfer backend cannot
+# differ: the plan owns both for every instance (OWNED_SERVER_ARGS).
+# With SGLang 0.5.23's defaults: kv_cache_dtype "auto" (srt/arg_groups/fields/model.py);
+# page_size None, resolved per engine from its attention backend.
+SAME_KV_LAYOUT = {"page_size": None, "kv_cache_dtype": "auto"}
+
+
+def check_same_kv_layout(c: Any, instances: list[Instance]) -> None:
+    """Every prefill and decode states the same page_size and kv_cache_dtype, or none
+    does (SGLang's default may differ by role: it follows each engine's attention backend)."""
+    for key, default in SAME_KV_LAYOUT.items():
+        stated = {inst.id: inst.extra_args.get(key, default) for inst in instances}
+        if len(set(map(repr, stated.values()))) > 1:
+            first = instances[0]
+            other = next(i for i in instances if repr(stated[i.id]) != repr(stated[first.id]))
+            shown = {i: ("SGLang's default" if v is None else repr(v)) for i, v in stated.items()}
+            c.error("disagg-kv-layout-same", f"{other.field}.extra_args.{key}", stated[other.id],
+                    f"differs from {first.id} ({shown[first.id]}): the decode refuses its prefill's KV at the first "
+                    f"request (SGLang 0.5.23, disaggregation/common/conn.py: '{key.replace('_', ' ')} mismatch')",
+                    f"set the same {key} in the extra_args of every prefill and decode")
+
+
 def _similar(a: str, b: str) -> bool:
     import difflib
     return difflib.SequenceMatcher(None, a, b).ratio() > 0.85

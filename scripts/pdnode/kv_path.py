@@ -32,6 +32,15 @@ SPEEDS: dict[str, tuple[float, str]] = {
     "nixl": (25.0, "nominal: UCX over the per-GPU NICs"),
 }
 NVLINK_ENVIRONMENT = {"MC_INTRANODE_NVLINK": "1", "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": "INTRA_NODE_NVLINK"}
+# What a path silently falls back to when its transport cannot start (Mooncake without
+# MC_INTRANODE_NVLINK in one process, or without a usable HCA: "Using TCP transport").
+# TCP has nothing slower below it.
+FALLBACK = {"nvlink": "tcp", "rdma": "tcp", "nixl": "tcp", "tcp": None}
+# TCP measured 1.4-2.0 GB/s (docs/hardware-runs.md): the verify's default KV-speed floor
+# sits 2.5x above its highest measurement for a path that falls back to it, so a fall-back
+# FAILs while a working link's small-prompt overheads do not; on TCP itself the floor is
+# a quarter of its lowest measurement (a stalled or shared link, not a slow prompt).
+TCP_MEASURED_GB_S = (1.4, 2.0)
 
 
 def kv_bytes_from_config(cfg: Any) -> int | None:
@@ -95,13 +104,47 @@ def choose(v: dict[str, Any], multi_host: bool, nic_map: bool) -> dict[str, Any]
     elif mooncake and not multi_host and not v["pdnode_kv_intranode_nvlink"]:
         why += " (pdnode_kv_intranode_nvlink: false)"
     if v.get("pdnode_engine") == "sim":
-        why += ("; the stand-in engine renders the same settings, and its non-CUDA Mooncake build moves the bytes "
-                "over loopback TCP whatever the path")
+        why += ("; the stand-in engine renders the same settings; its non-CUDA Mooncake build moves the bytes "
+                "over loopback TCP, paced to the path's speed (PDNODE_SIM_KV_GB_S)")
     gb_s, source = SPEEDS[path]
     return {"path": path, "gb_s": gb_s, "source": source, "why": why,
             "environment": dict(NVLINK_ENVIRONMENT) if path == "nvlink" else {},
             # mooncake_tcp would force TCP (MC_FORCE_TCP) under the NVLink transport
             "backend": "mooncake" if path == "nvlink" else backend}
+
+
+def floor_gb_s(path: str) -> tuple[float, str]:
+    """The verify's default KV-speed floor for a path (the mean of
+    sglang:kv_transfer_speed_gb_s over the verification's requests), and why."""
+    low, high = TCP_MEASURED_GB_S
+    if FALLBACK[path] == "tcp":
+        return round(2.5 * high, 3), (f"2.5x TCP's highest measured {high:g} GB/s: a {path} hand-off that fell "
+                                      "back to TCP fails it")
+    return round(low / 4, 3), f"a quarter of TCP's lowest measured {low:g} GB/s: a stalled or shared link fails it"
+
+
+def link_checks(path: str, pairs: list[tuple[str, int, str, int]], ib_map: dict[int, str]) -> list[dict[str, Any]]:
+    """The Mooncake transfer check (roles/mooncake/files/mooncake_loopback_check.py) that
+    measures the layout's path on the host, one per distinct (prefill GPU, decode GPU)
+    pair: ``pairs`` holds (prefill id, its first GPU, decode id, its first GPU). Only a
+    path one host can measure (the check's two processes run on one host)."""
+    if path not in ("nvlink", "rdma", "tcp"):
+        return []
+    checks: list[dict[str, Any]] = []
+    seen: set[tuple[int, int]] = set()
+    for prefill, src, decode, dst in pairs:
+        if (src, dst) in seen:
+            continue
+        seen.add((src, dst))
+        args = ["--src-gpu", str(src), "--dst-gpu", str(dst)]
+        if path == "nvlink":
+            args.append("--intranode-nvlink")
+        elif path == "rdma":
+            args += ["--protocol", "rdma", "--device-name", ib_map.get(src, "")]
+        else:
+            args += ["--protocol", "tcp"]
+        checks.append({"pair": f"{prefill} -> {decode}", "src_gpu": src, "dst_gpu": dst, "args": args})
+    return checks
 
 
 def handoff_seconds(bytes_per_token: int | None, prompt_tokens: int, gb_s: float) -> float | None:

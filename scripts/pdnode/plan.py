@@ -338,6 +338,7 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     inst_rules.check_shared_gpus(c, engines)
     disagg.check(c, v)
     inst_rules.check_same_disagg_settings(c, engines, disagg.engine_defaults(v))
+    inst_rules.check_same_kv_layout(c, engines)
     _check_capacity(c, v, engines, skip)
     ib_map = _check_transfer(c, v["pdnode_transfer_backend"], v["pdnode_ib_devices"],
                              sorted({g for i in engines if host in i.hosts for g in i.gpus}))
@@ -502,8 +503,9 @@ def _kv_path(c: _Checker, v: dict[str, Any], multi_host: bool, nic_map: bool) ->
     kv = kv_path.choose(v, multi_host, nic_map)
     per_token, source = kv_path.kv_bytes_per_token(v, REPO_ROOT)
     seconds = kv_path.handoff_seconds(per_token, v["pdnode_kv_prompt_tokens"], kv["gb_s"])
+    floor, floor_why = kv_path.floor_gb_s(kv["path"])
     kv.update(bytes_per_token=per_token, bytes_source=source, prompt_tokens=v["pdnode_kv_prompt_tokens"],
-              handoff_s=None if seconds is None else round(seconds, 4))
+              handoff_s=None if seconds is None else round(seconds, 4), floor_gb_s=floor, floor_source=floor_why)
     if kv["path"] == "tcp" and v["pdnode_engine"] == "sglang":
         cost = (f"about {seconds:.2f} s of TTFT for a {v['pdnode_kv_prompt_tokens']}-token prompt "
                 f"({per_token} KV bytes per token, {source})" if seconds is not None
@@ -525,6 +527,9 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         "user": v["pdnode_service_user"], "root": root, "venv": venv, "config_dir": config_dir,
         "engine": v["pdnode_engine"], "prefix": prefix, "target": f"{prefix}.target",
         "python": f"{venv}/bin/python",
+        # roles/mooncake installs its transfer check here (_mooncake_check_tool); the verify
+        # measures the KV path with it
+        "kv_check_tool": f"{venv}/bin/pdnode-mooncake-loopback-check.py",
         "api_key_path": f"{config_dir}/api-key",
         "admin_key_path": f"{config_dir}/router-admin-key",
         # what the sglang role pip-installs for the router (sglang_router_requirement)
@@ -545,6 +550,8 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
             "PDNODE_SIM_DECODE_MS_PER_REQUEST": str(v["pdnode_sim_decode_ms_per_request"]),
             "PDNODE_SIM_MAX_RUNNING_PER_RANK": str(v["pdnode_sim_max_running_per_rank"]),
             "PDNODE_SIM_KV_BYTES_PER_TOKEN": str(v["pdnode_sim_kv_bytes_per_token"]),
+            # the stand-in paces its hand-off to the path's speed (its bytes cross loopback)
+            "PDNODE_SIM_KV_GB_S": str(kv["gb_s"]),
         })
     key = ["--api-key-file", install["api_key_path"]] if v["pdnode_api_key_file"] else []
     prefills = [i for i in engines if i.role == "prefill"]
@@ -581,10 +588,18 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         services[inst.id] = svc
     _couple(services, env_common, coupled=not layout.multi_host)
     everywhere = _cluster(v, engines, layout)
-    everywhere["kv"] = {k: val for k, val in kv.items() if k != "environment"}
+    everywhere["kv"] = kv = {k: val for k, val in kv.items() if k != "environment"}
+    # The link measured on the host by the verify (real engines; a layout on one host: the
+    # check's two processes run on one host): one check per prefill GPU -> decode GPU.
+    everywhere["kv"]["checks"] = kv_path.link_checks(
+        kv["path"], [(p.id, p.gpus[0], d.id, d.gpus[0]) for p in engines if p.role == "prefill"
+                     for d in engines if d.role == "decode"], ib_map) \
+        if v["pdnode_engine"] == "sglang" and not layout.multi_host else []
+    everywhere["kv"]["floor_from_path"] = (v["pdnode_engine"] == "sglang"
+                                           and "kv_transfer_speed_min_gb_s" not in v["pdnode_verify_thresholds"])
     if layout.router_host == host:
         services["router"] = _router_service(v, everywhere["engines"], install, key, layout)
-    return Plan(host=host, install=install, services=services, ports=ports, settings=_settings(v, engines, layout.multi_host),
+    return Plan(host=host, install=install, services=services, ports=ports, settings=_settings(v, engines, layout.multi_host, kv),
                 cluster=everywhere, firewall=cluster.firewall(layout, services, ports, env_common), warnings=warnings)
 
 
@@ -687,10 +702,14 @@ def _router_service(v: dict[str, Any], engines: dict[str, dict[str, Any]], insta
     }
 
 
-def _settings(v: dict[str, Any], engines: list[Instance], multi_host: bool) -> dict[str, Any]:
+def _settings(v: dict[str, Any], engines: list[Instance], multi_host: bool, kv: dict[str, Any]) -> dict[str, Any]:
     """The validated values, instances normalised (every key filled, ports allocated;
-    where they run only when the layout spans hosts)."""
+    where they run only when the layout spans hosts). Real engines' KV-speed floor, when
+    the inventory sets none, is the path's (pdnode.kv_path.floor_gb_s): the verify and the
+    alert rules read it from here."""
     out = dict(v)
+    if kv["floor_from_path"]:
+        out["pdnode_verify_thresholds"] = {**v["pdnode_verify_thresholds"], "kv_transfer_speed_min_gb_s": kv["floor_gb_s"]}
     keys = ("name", "gpus", "tp_size", "dp_size", "attn_dp_size", "ep_size", "moe_dense_tp_size", "enable_dp_lm_head",
             "port", "bootstrap_port", "nccl_port", "mem_fraction_static", "extra_args")
     keys += ("hosts", "dist_init_port") if multi_host else ()

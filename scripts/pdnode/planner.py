@@ -23,15 +23,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .kv_path import kv_bytes_from_config
+from .kv_path import SPEEDS, kv_bytes_from_config
 from .planner_model import (MeasurementError, Params, Pool, Prediction, Run, Shape, Workload, fit, predict,
                             run_from_bench)
 
 SCHEMA = "pdnode.planner/1"
 EXIT_OK, EXIT_INVALID, EXIT_CANNOT_RUN = 0, 1, 2
-# KV hand-off link speeds, GB/s (1e9 bytes). TCP: measured on an H200 host without RDMA
-# NICs (Mooncake TCP transport, 1.4-1.8 GB/s). RDMA: one 200 Gb/s NIC per GPU at ~100%.
-LINK_GB_S = {"mooncake_tcp": 1.8, "mooncake": 25.0, "nixl": 25.0}
 # The stand-in's fake model moves PDNODE_SIM_KV_BYTES_PER_TOKEN bytes per prompt token
 # (its default): a property of that model, as config.json's shapes are of a real one.
 SIM_KV_BYTES_PER_TOKEN = 16384
@@ -171,11 +168,11 @@ def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
     repo = Path(__file__).resolve().parents[2]
     kv_bytes, kv_source = _kv_bytes(args, settings, repo)
     backend = str(settings.get("pdnode_transfer_backend") or "mooncake")
-    # Real engines: the path the plan chose (pdnode.kv_path). The stand-in moves its bytes
-    # over loopback TCP whatever the path, so its runs are fitted with the backend's speed.
+    # The path the plan chose (pdnode.kv_path). The stand-in's bytes cross loopback TCP,
+    # paced down to the path's speed: no faster than TCP's, slower on a slower path.
     link = args.link_gb_s if args.link_gb_s is not None else (
         plan.cluster["kv"]["gb_s"] if settings.get("pdnode_engine") == "sglang"
-        else LINK_GB_S.get(backend, LINK_GB_S["mooncake"]))
+        else min(plan.cluster["kv"]["gb_s"], SPEEDS["tcp"][0]))
     params = fit(runs, kv_bytes / (link * 1e9))
     residuals = []
     for r in runs:
@@ -201,7 +198,8 @@ def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
     best = next((cp for cp in order if cp in meets), None)
     return {
         "host": hv.host, "workload": workload, "params": params, "runs": runs, "residuals": residuals,
-        "kv": {"bytes_per_token": kv_bytes, "source": kv_source, "link_gb_s": link, "backend": backend},
+        "kv": {"bytes_per_token": kv_bytes, "source": kv_source, "link_gb_s": link, "backend": backend,
+               "path": plan.cluster["kv"]["path"]},
         "order": order, "best": best, "variables": hv.variables,
         "entries": instance_entries(best[0], hv.variables) if best else None,
     }
@@ -340,7 +338,8 @@ def register(sub: Any) -> None:
     p.add_argument("--kv-bytes-per-token", type=int, metavar="N",
                    help="KV cache bytes per prompt token (default: from the model's config.json)")
     p.add_argument("--link-gb-s", type=float, metavar="X",
-                   help="KV hand-off speed, GB/s (default by transfer backend: mooncake_tcp 1.8, RDMA 25)")
+                   help="KV hand-off speed, GB/s (default: the plan's path, pdnode explain; the stand-in's "
+                        "no faster than TCP's)")
     p.add_argument("--batch-limit-per-rank", type=int, metavar="N",
                    help="running requests per decode rank (default: not limiting)")
     p.add_argument("--top", type=int, default=12, help="deployable layouts to print (default 12)")

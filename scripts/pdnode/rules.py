@@ -125,6 +125,9 @@ RULES: tuple[Rule, ...] = (
     Rule("disagg-setting-same-everywhere", "error", "`disaggregation_decode_allocation_policy` and "
          "`disaggregation_enable_kv_checksum` are the same on every prefill and decode of the layout (SGLang's help "
          "asks for both roles; one process cannot check its peers)"),
+    Rule("disagg-kv-layout-same", "error", "`page_size` and `kv_cache_dtype` are the same on every prefill and "
+         "decode of the layout, or set on none (the decode refuses a different KV layout at its first request: "
+         "SGLang's disaggregation/common/conn.py)"),
     # --- SGLang's own validation of each engine's ServerArgs (pdnode check; pdnode.sglang_judge)
     Rule("sglang-rejects", "error", "SGLang's own validation (argparse, resolve_once, check_server_args) refuses an "
          "instance's rendered ServerArgs; the line carries SGLang's reason"),

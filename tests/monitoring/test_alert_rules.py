@@ -304,14 +304,21 @@ def test_every_alert_has_for_severity_instance_and_an_existing_runbook_section(i
     assert not bad, "\n".join(bad)
 
 
-def test_thresholds_unset_render_no_latency_or_kv_rules(tmp_path):
+def test_thresholds_unset_render_no_latency_rules_and_the_paths_kv_floor(tmp_path):
     hv = load_inventory(ROOT / "inventories" / "gpu01")
     variables = {**hv.variables, "pdnode_verify_thresholds": {}}
     plan = build_plan(variables, hv.host).as_dict()
     text = monitoring.render_alert_rules(plan)
-    names = set(all_rules(yaml.safe_load(text)))
-    assert not names & {"PdTtftP99High", "PdItlP99High", "PdKvTransferSlow"}
-    assert "PdBootstrapFailures" in names
+    rules = all_rules(yaml.safe_load(text))
+    assert not set(rules) & {"PdTtftP99High", "PdItlP99High"}
+    assert "PdBootstrapFailures" in rules
+    # real engines: the KV floor is the path's (pdnode.kv_path.floor_gb_s), never absent
+    floor = plan["cluster"]["kv"]["floor_gb_s"]
+    assert plan["cluster"]["kv"]["floor_from_path"] and floor > 0
+    assert rules["PdKvTransferSlow"]["expr"].rstrip().endswith(f"< {float(floor):g}")
+    demo = load_inventory(ROOT / "inventories" / "demo")
+    sim = build_plan({**demo.variables, "pdnode_verify_thresholds": {}}, demo.host).as_dict()
+    assert "PdKvTransferSlow" not in all_rules(yaml.safe_load(monitoring.render_alert_rules(sim)))
     (tmp_path / "rules.yml").write_text(text)
     done = run("check", "rules", "rules.yml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -56,6 +56,10 @@ Simulation knobs (environment variables; invalid values stop the start with exit
     PDNODE_SIM_KV_POOL_MB            size of each side's registered KV pool in MiB; the
                                      pool is an anonymous mapping, touched pages only
                                      (default 256); max_total_num_tokens = pool / bytes
+    PDNODE_SIM_KV_GB_S               the KV path's speed the plan rendered, GB/s: each
+                                     hand-off takes at least its bytes at this speed
+                                     (unset: loopback's own); the path itself is read from
+                                     MC_INTRANODE_NVLINK / MC_FORCE_TCP, as Mooncake does
     PDNODE_SIM_FAULTS                comma list of faults active from the start
     PDNODE_SIM_SLOW_FACTOR           latency multiplier of the `slow` fault (default 10)
 Also honoured, with SGLang's meaning and defaults: SGLANG_DISAGGREGATION_WAITING_TIMEOUT

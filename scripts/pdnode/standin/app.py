@@ -99,6 +99,11 @@ async def serve(settings: Settings, launch_command: str) -> int:
         log.info("stand-in %s (%s) HTTP on %s:%d, model %s served as %s, tp %d, dp %d, attn_dp %d, ep %d",
                  VERSION, s.mode, s.host, s.port, s.model_path, s.served_model_name,
                  s.tp_size, s.dp_size, s.attn_dp_size, s.ep_size)
+        if s.mode != "null":
+            pace = settings.sim.kv_gb_s
+            log.info("KV hand-off over %s (the environment's choice for Mooncake); the bytes cross loopback TCP%s",
+                     settings.sim.kv_path(s.transfer_backend),
+                     f", paced to at most {pace:g} GB/s" if pace else "")
         if s.mode == "prefill":
             bootstrap = BootstrapServer(s.host, s.bootstrap_port)
             try:

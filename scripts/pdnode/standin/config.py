@@ -101,6 +101,19 @@ class SimSettings:
     bootstrap_timeout_s: float = 300.0
     heartbeat_interval_s: float = 5.0
     heartbeat_max_failure: int = 2
+    # The hand-off's path as the engine's environment selects it for Mooncake
+    # (kv_transport) and the speed the stand-in paces it to (kv_gb_s; None: loopback's own).
+    kv_transport: str = ""
+    kv_gb_s: float | None = None
+
+    def kv_path(self, transfer_backend: str) -> str:
+        """nvlink | tcp | rdma: what Mooncake would run in this environment. Its
+        MC_INTRANODE_NVLINK overrides every other choice; mooncake_tcp sets MC_FORCE_TCP
+        (SGLang's pd_disaggregation_hook); otherwise RDMA, which the stand-in's
+        non-CUDA build without NICs would run as TCP, as a real host without HCAs does."""
+        if self.kv_transport:
+            return self.kv_transport
+        return "tcp" if transfer_backend == "mooncake_tcp" else "rdma"
 
     @property
     def max_total_num_tokens(self) -> int:
@@ -346,6 +359,10 @@ def load_sim_settings(env: Mapping[str, str] | None = None) -> SimSettings:
         bootstrap_timeout_s=_env_float(env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0),
         heartbeat_interval_s=max(2.0, _env_float(env, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0)),
         heartbeat_max_failure=max(1, _env_int(env, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)),
+        # Mooncake tests these for presence, whatever the value (transfer_engine_impl.cpp:
+        # `if (intra_env)` installs nvlink_intra before anything else).
+        kv_transport="nvlink" if "MC_INTRANODE_NVLINK" in env else "tcp" if "MC_FORCE_TCP" in env else "",
+        kv_gb_s=_env_float(env, "PDNODE_SIM_KV_GB_S", 0.0) or None,
     )
     if sim.max_total_num_tokens < 1:
         raise ConfigError(

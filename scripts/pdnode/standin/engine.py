@@ -88,6 +88,8 @@ class Engine:
                  prefill_kv: PrefillKV | None = None, decode_kv: DecodeKV | None = None) -> None:
         self.server = settings.server
         self.sim = settings.sim
+        # The KV path the engine's environment selects (logged with every hand-off)
+        self.kv_path = settings.sim.kv_path(settings.server.transfer_backend)
         self.faults = faults
         self.metrics = metrics
         self.prefill_kv = prefill_kv
@@ -280,6 +282,7 @@ class Engine:
                                                    f"req.bootstrap_room={room}: decode aborted the request")
                         try:
                             await kv.transfer(info, offset, nbytes)
+                            await self._pace_handoff(transfer_entry, nbytes)
                         except KVError as exc:
                             self.metrics.inc(r, "num_transfer_failed_reqs")
                             failure = str(exc)
@@ -303,8 +306,9 @@ class Engine:
                 self.metrics.observe_kv_bootstrap(
                     r, bootstrap_ms=(bootstrap_done - t0) * 1000, alloc_ms=(wait_entry - bootstrap_done) * 1000
                 )
-                log.info("prefill req %s room %d: %d prompt tokens, KV %.3f MB to %s in %.2f ms (%.3f GB/s)",
-                         req.rid, room, req.prompt_tokens, total_mb, info.session_id, latency_s * 1000, speed)
+                log.info("prefill req %s room %d: %d prompt tokens, KV %.3f MB to %s over %s in %.2f ms (%.3f GB/s)",
+                         req.rid, room, req.prompt_tokens, total_mb, info.session_id, self.kv_path,
+                         latency_s * 1000, speed)
             failure = None
         finally:
             if state is not None:
@@ -420,6 +424,16 @@ class Engine:
             elif offset is not None:
                 kv.pool.release(offset, nbytes)
             self._gauges(r)
+
+    async def _pace_handoff(self, started: float, nbytes: int) -> None:
+        """A hand-off takes at least nbytes at the path's speed (PDNODE_SIM_KV_GB_S, the
+        plan's for its path): the bytes cross loopback TCP here, which is faster than a TCP
+        link between GPUs' hosts and slower than NVLink, so the stand-in can model the
+        slower paths and never beats loopback."""
+        if self.sim.kv_gb_s:
+            remaining = nbytes / (self.sim.kv_gb_s * 1e9) - (time.monotonic() - started)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
 
     def _transfer_failed(self, r: int, req: GenRequest, reason: str) -> None:
         self.metrics.inc(r, "num_transfer_failed_reqs")

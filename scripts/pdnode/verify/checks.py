@@ -1,6 +1,6 @@
 """The checks, in the order they run, with their dependencies (one module per job does the
 work: checks_services, checks_engines, checks_router, checks_access, checks_completion,
-checks_disagg, checks_metrics, checks_load; the threshold table is thresholds.py).
+checks_disagg, checks_kvlink, checks_metrics, checks_load; the threshold table is thresholds.py).
 
 Order: an early failure explains later ones. A check whose prerequisite failed (or was
 skipped) is SKIP "because X failed", never PASS; a check whose data source cannot be
@@ -9,7 +9,7 @@ each check named by the instance's id (prefill-0, decode-1, ...):
 
     services -> bootstrap.<prefill> -> <instance> -> router -> proxy -> access
       -> completion -> correctness -> disaggregation -> disaggregation.<instance>
-      -> metrics -> burst -> threshold.*
+      -> kv.link -> metrics -> burst -> threshold.*
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from .checks_access import check_access, check_proxy
 from .checks_completion import check_completion, check_correctness
 from .checks_disagg import check_disaggregation, instance_check, own_checks
 from .checks_engines import bootstrap_check, engine_check
+from .checks_kvlink import check_kv_link
 from .checks_load import check_burst, make_threshold_check
 from .checks_metrics import check_metrics
 from .checks_router import check_router
@@ -53,6 +54,8 @@ def all_checks(run: Run) -> list[Check]:
     checks += [Check(f"disaggregation.{i.id}", f"{i.id} did its part of a PD request sent to it",
                      instance_check(i.id), deps={k: "pass" for k in own_checks(i)}, na=(i.id,))
                for i in instances]
+    checks.append(Check("kv.link", "the KV path's link, measured with the Mooncake check (GPU to GPU)",
+                        check_kv_link))
     checks += [
         Check("metrics", "metric names the checks and thresholds use exist", check_metrics,
               deps={**{k: "pass" for k in engines}, "completion": "pass"}, na=engines),

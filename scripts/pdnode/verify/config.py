@@ -90,6 +90,11 @@ class Expect:
     # the plan starts the router with a control-plane admin key: /workers must refuse
     # requests without it
     admin_key: bool = False
+    # the KV path's link checks (plan.cluster.kv.checks: pair, GPUs, the Mooncake check's
+    # arguments) and the check's path on the host; none: the plan measures no link here
+    kv_link_checks: tuple[dict[str, Any], ...] = ()
+    kv_check_tool: str | None = None
+    kv_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -261,6 +266,7 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
     first = dict(engines[0].get("args") or {})
     units = [i.unit for i in instances if i.unit] + (
         [str(router_svc["unit"])] if router_svc.get("unit") and not router_remote else [])
+    kv = dict((plan.get("cluster") or {}).get("kv") or {})
     expect = Expect(
         served_model_name=str(first.get("served_model_name") or first.get("model_path") or ""),
         router_prefill=router_prefill,
@@ -268,6 +274,9 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
         units=units,
         circuit_open_s=_int(router, "cb_timeout_duration_secs", 60),
         admin_key=bool(admin_key_file) or _plan_has_admin_key(plan),
+        kv_link_checks=tuple(kv.get("checks") or ()),
+        kv_check_tool=(plan.get("install") or {}).get("kv_check_tool"),
+        kv_path=kv.get("path"),
     )
 
     t = float(timeout_s if timeout_s is not None else settings["pdnode_verify_timeout_s"])
