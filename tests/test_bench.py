@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -278,7 +279,8 @@ def test_client_argv_closed_loop_and_open_loop() -> None:
     wl = bench.workload(args(requests="5", input_len="100", output_len="10", range_ratio="0.25"))
     argv = bench.client_argv("py", base_url="http://h:8000", tokenizer="/t", served_model_name="m", wl=wl,
                              output_file="/o.jsonl")
-    assert argv[:3] == ["py", "-m", "sglang.benchmark.serving"]
+    # bench_serving through pdnode's wrapper (pdnode.bench_client), which keeps each request's times
+    assert argv[:3] == ["py", "-m", "pdnode_bench_client"]
     flags = dict(zip(argv[3::1], argv[4::1]))
     assert flags["--backend"] == "sglang" and flags["--dataset-name"] == "random-ids" and "--tokenize-prompt" in argv
     assert (flags["--num-prompts"], flags["--random-input-len"], flags["--random-output-len"],
@@ -296,6 +298,8 @@ def test_the_api_key_goes_in_the_environment_never_on_the_command_line() -> None
     assert env["NO_PROXY"] == "a,10.0.0.5" and env["HF_HUB_OFFLINE"] == "1" and env["PYTHONPATH"] == "/s"
     assert "OPENAI_API_KEY" not in bench.client_env({"OPENAI_API_KEY": "other"}, api_key=None, router_host="h",
                                                     stub_dir="/s")
+    assert bench.client_env({}, api_key=None, router_host="h", stub_dir="/s",
+                            requests_file="/w/r.json")["PDNODE_BENCH_REQUESTS_FILE"] == "/w/r.json"
 
 
 @pytest.mark.parametrize("bind, variables, want", [
@@ -510,7 +514,7 @@ def test_bench_through_the_real_router_agrees_with_the_engines_counters(
     proc = subprocess.run(
         [sys.executable, "-m", "pdnode.cli", "bench", str(inv), "--json", "--out", str(out),
          "--requests", "24", "--concurrency", "4", "--input-len", "200", "--output-len", "12",
-         "--range-ratio", "0.5", "--warmup", "2"],
+         "--range-ratio", "0.5", "--warmup", "2", "--plot", str(tmp_path / "bench.svg")],
         capture_output=True, text=True, timeout=600, cwd=REPO,
         env=dict(os.environ, PYTHONPATH=str(REPO / "scripts")))
     took = time.monotonic() - t0
@@ -543,6 +547,18 @@ def test_bench_through_the_real_router_agrees_with_the_engines_counters(
     assert res["ttft_s"]["p99"] <= res["e2e_s"]["p99"]
     # throughput is what was counted over the client's wall time
     assert res["output_token_throughput"] == pytest.approx(res["output_tokens"] / res["duration_s"], rel=1e-6)
+    # each request as the client timed it (its own start time, TTFT, latency; warm-ups excluded),
+    # and the same numbers its summary was computed from
+    reqs = rep["requests"]
+    assert len(reqs) == 24 and all(r["ok"] for r in reqs) and min(r["start_s"] for r in reqs) == 0
+    assert all(0 < r["ttft_s"] <= r["e2e_s"] for r in reqs)
+    assert sum(r["ttft_s"] for r in reqs) / 24 == pytest.approx(res["ttft_s"]["mean"], rel=1e-3)
+    assert sum(r["e2e_s"] for r in reqs) / 24 == pytest.approx(res["e2e_s"]["mean"], rel=1e-3)
+    # and the picture: one point per request in each series (tests/test_plot.py)
+    svg = "{http://www.w3.org/2000/svg}"
+    groups = {g.get("id"): len(list(g.iter(f"{svg}use")))
+              for g in ET.parse(tmp_path / "bench.svg").getroot().iter(f"{svg}g") if g.get("id", "").startswith("requests-")}  # noqa: S314 (the picture this test wrote)
+    assert groups == {"requests-e2e": 24, "requests-ttft": 24}
     assert "running sglang.bench_serving" in proc.stderr
     assert API_KEY not in proc.stdout + proc.stderr
     print(f"pdnode bench (24 requests, local 2P1D stand-in node): {took:.1f} s wall; "

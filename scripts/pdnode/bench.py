@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,9 @@ from . import bench_report
 EXIT_OK, EXIT_BAD, EXIT_CANNOT_RUN = 0, 1, 2
 CLIENT_MODULE = "sglang.benchmark.serving"
 CLIENT_NAME = "sglang.bench_serving"
+# bench_client.py runs CLIENT_MODULE and keeps each request's start time and latencies,
+# which the client measures but does not write; copied beside the datasets stub as this:
+WRAPPER_MODULE = "pdnode_bench_client"
 REPO = Path(__file__).resolve().parents[2]
 # The demo model's tokenizer (tokenizer.json beside its config.json): 1024 ids, the demo
 # model's vocab_size, counting text like the stand-in. The client only draws random ids
@@ -207,7 +211,7 @@ def client_version(python: str) -> str:
 
 def client_argv(python: str, *, base_url: str, tokenizer: str, served_model_name: str, wl: Mapping[str, Any],
                 output_file: str) -> list[str]:
-    argv = [python, "-m", CLIENT_MODULE, "--backend", "sglang", "--base-url", base_url,
+    argv = [python, "-m", WRAPPER_MODULE, "--backend", "sglang", "--base-url", base_url,
             "--dataset-name", "random-ids", "--tokenize-prompt", "--tokenizer", tokenizer, "--model", tokenizer,
             "--served-model-name", served_model_name, "--num-prompts", str(wl["requests"]),
             "--random-input-len", str(wl["input_len"]), "--random-output-len", str(wl["output_len"]),
@@ -222,8 +226,13 @@ def client_argv(python: str, *, base_url: str, tokenizer: str, served_model_name
     return argv
 
 
-def client_env(base: Mapping[str, str], *, api_key: str | None, router_host: str, stub_dir: str) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in ("OPENAI_API_KEY", "API_KEY")}
+def client_env(base: Mapping[str, str], *, api_key: str | None, router_host: str, stub_dir: str,
+               requests_file: str | None = None) -> dict[str, str]:
+    from .bench_client import REQUESTS_FILE_ENV
+
+    env = {k: v for k, v in base.items() if k not in ("OPENAI_API_KEY", "API_KEY", REQUESTS_FILE_ENV)}
+    if requests_file:
+        env[REQUESTS_FILE_ENV] = requests_file
     if api_key:
         env["OPENAI_API_KEY"] = api_key  # bench_serving sends it as "Authorization: Bearer KEY"
     # Nothing from the network: the tokenizer is a local directory.
@@ -318,6 +327,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help=f"print the report as JSON (schema {bench_report.SCHEMA})")
     g.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE")
+    g.add_argument("--plot", metavar="FILE", help="also draw latency over the run and its distribution to FILE "
+                                                  "(.png or .svg; needs matplotlib: pip install 'pdnode[plot]')")
     g = p.add_argument_group("where")
     g.add_argument("--base-url", help="the router as this machine reaches it, e.g. http://10.0.0.5:8000 "
                                       "(default: from the inventory and the plan)")
@@ -380,6 +391,14 @@ def _bench(args: argparse.Namespace) -> int:
     wl = workload(args)
     if args.out and not Path(args.out).resolve().parent.is_dir():
         raise BenchError(f"--out {args.out}: its directory does not exist; create it or give another path", EXIT_BAD)
+    if args.plot:  # before the load, so that a long run does not end in a refusal
+        from . import plot
+
+        try:
+            plot.check_target(args.plot)
+            plot.pyplot()
+        except plot.PlotError as exc:
+            raise BenchError(str(exc), exc.code) from None
     tokenizer = Path(args.tokenizer) if args.tokenizer else DEFAULT_TOKENIZER
     if not (tokenizer / "tokenizer.json").is_file() and not (tokenizer / "tokenizer_config.json").is_file():
         raise BenchError(f"--tokenizer {tokenizer}: no tokenizer.json or tokenizer_config.json there; give a model "
@@ -399,12 +418,14 @@ def _bench(args: argparse.Namespace) -> int:
         stub = work / "stubs" / "datasets"
         stub.mkdir(parents=True)
         (stub / "__init__.py").write_text(_DATASETS_STUB)
+        shutil.copyfile(Path(__file__).with_name("bench_client.py"), work / "stubs" / f"{WRAPPER_MODULE}.py")
         out_file = work / "client.jsonl"
+        requests_file = work / "requests.json"
         argv = client_argv(python, base_url=base_url, tokenizer=str(tokenizer), served_model_name=served, wl=wl,
                            output_file=str(out_file))
         env = client_env(os.environ, api_key=api_key,
                          router_host=_url_hostname(base_url),
-                         stub_dir=str(work / "stubs"))
+                         stub_dir=str(work / "stubs"), requests_file=str(requests_file))
 
         say(f"router {base_url}; warm-up requests: {wl['warmup_requests']}")
         warm_up(base_url, api_key, wl)
@@ -424,12 +445,30 @@ def _bench(args: argparse.Namespace) -> int:
             record = bench_report.parse_client_output(out_file.read_text())
         except bench_report.ClientOutputError as exc:
             raise BenchError(str(exc)) from None
+        requests, why_requests = bench_report.parse_request_records(requests_file)
 
     notes = [f"engine counters: {why}" for why in (why_before, why_after) if why]
+    notes += [f"per-request records: {why_requests}"] if why_requests else []
     report = bench_report.build_report(host=host, client={"name": CLIENT_NAME, "version": version}, plan=plan,
-                                       workload=wl, record=record, before=before, after=after, notes=notes)
+                                       workload=wl, record=record, before=before, after=after, notes=notes,
+                                       requests=requests)
     text = bench_report.to_json(report)
     if args.out:
         Path(args.out).write_text(text + "\n")
     print(text if args.json else bench_report.to_table(report))
+    if args.plot:
+        write_plot(report, args.plot)
     return EXIT_OK if report["results"]["failed"] == 0 else EXIT_BAD
+
+
+def write_plot(report: Mapping[str, Any], path: str) -> None:
+    """The picture of a report (pdnode.plot); BenchError when it cannot be drawn or written."""
+    from . import plot
+
+    try:
+        plot.save(plot.bench_figure(report), path)
+    except plot.PlotError as exc:
+        raise BenchError(str(exc), exc.code) from None
+    except OSError as exc:
+        raise BenchError(f"cannot write --plot {path}: {exc.strerror or exc}") from None
+    say(f"wrote {path}")

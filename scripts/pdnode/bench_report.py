@@ -67,6 +67,29 @@ def parse_client_output(text: str) -> dict[str, Any]:
     return record
 
 
+def parse_request_records(path: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """Each measured request as the client timed it (pdnode.bench_client's file):
+    [{start_s, ttft_s, e2e_s, ok}], start_s from the first request's start, latencies
+    null for a failed request; (None, why) when the file is missing or not that."""
+    from pathlib import Path
+
+    try:
+        rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError:
+        return None, "the client wrote none"
+    except ValueError as exc:
+        return None, f"not JSON ({exc})"
+
+    def number(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not isinstance(rows, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("ok"), bool) and number(r.get("start_s"))
+            and all(number(r.get(k)) if r["ok"] else r.get(k) is None for k in ("ttft_s", "e2e_s")) for r in rows):
+        return None, "not a list of {start_s, ttft_s, e2e_s, ok}"
+    return [{k: r[k] for k in ("start_s", "ttft_s", "e2e_s", "ok")} for r in rows], None
+
+
 def _seconds(ms: Any) -> float | None:
     if ms is None:
         return None
@@ -192,7 +215,8 @@ def consistency(res: Mapping[str, Any], instances: Mapping[str, Mapping[str, Any
 
 def build_report(*, host: str, client: Mapping[str, str], plan: Mapping[str, Any], workload: Mapping[str, Any],
                  record: Mapping[str, Any], before: Mapping[str, Any] | None,
-                 after: Mapping[str, Any] | None, notes: list[str] | None = None) -> dict[str, Any]:
+                 after: Mapping[str, Any] | None, notes: list[str] | None = None,
+                 requests: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     res = results(record, int(workload["requests"]))
     instances = instance_work(before, after) if before is not None and after is not None else {}
     out_notes = list(notes or [])
@@ -203,8 +227,13 @@ def build_report(*, host: str, client: Mapping[str, str], plan: Mapping[str, Any
     errors = client_errors(record)
     if res["failed"] and errors:
         out_notes.append(f"{res['failed']} requests failed: " + " | ".join(errors))
+    if requests is not None and len(requests) != int(workload["requests"]):
+        out_notes.append(f"the client timed {len(requests)} requests, {workload['requests']} were sent")
+    # "requests" (each request's start and latencies, null when unknown) came after the
+    # first reports; readers of pdnode.bench/1 that do not know it ignore it.
     return {"schema": SCHEMA, "host": host, "client": dict(client), "layout": layout(plan),
-            "workload": dict(workload), "results": res, "instances": instances, "notes": out_notes}
+            "workload": dict(workload), "results": res, "instances": instances, "notes": out_notes,
+            "requests": requests}
 
 
 # --- rendering ------------------------------------------------------------------------------
@@ -218,7 +247,7 @@ def _gpus(ids: list[int]) -> str:
     return ",".join(map(str, ids))
 
 
-def _shape(inst: Mapping[str, Any]) -> str:
+def shape_text(inst: Mapping[str, Any]) -> str:
     parts = [f"TP {inst['tp_size']}"]
     if inst["dp_size"] > 1:
         parts.append(f"DP {inst['dp_size']}")
@@ -255,7 +284,7 @@ def to_table(report: Mapping[str, Any]) -> str:
     lines = [
         f"pdnode bench {report['host']}: {w['requests']} requests, {load}, input {w['input_len']} / output "
         f"{w['output_len']} tokens ({spread}); client {report['client']['name']} {report['client']['version']}",
-        "layout: " + "; ".join(f"{i['id']} GPUs {_gpus(i['gpus'])} {_shape(i)}"
+        "layout: " + "; ".join(f"{i['id']} GPUs {_gpus(i['gpus'])} {shape_text(i)}"
                                for role in ENGINE_ROLES for i in report["layout"].get(role, [])),
         "",
         f"completed {r['completed']} of {w['requests']} ({r['failed']} failed) in {r['duration_s']:.2f} s",

@@ -219,7 +219,7 @@ def _report_json(res: Mapping[str, Any], args: argparse.Namespace) -> dict[str, 
     for cand, pred in res["order"]:
         out["candidates"].append({
             "layout": cand.label(), "kind": "colocated" if cand.colocated else "pd",
-            "deployable": cand.deployable, "rejected": cand.rejected,
+            "deployable": cand.deployable, "rejected": cand.rejected, "kv_path": cand.kv_path,
             "why": _why(cand, pred, args),
             "prediction": {k: (v if not isinstance(v, float) or math.isfinite(v) else None)
                            for k, v in pred.as_dict().items()},
@@ -273,6 +273,31 @@ def _print_table(res: Mapping[str, Any], args: argparse.Namespace) -> None:
         print(f"best deployable: {res['best'][0].label()}")
 
 
+def plot_points(res: Mapping[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """What the picture shows: the table's rows (the ranked deployable layouts, then the
+    best colocated ones for comparison), each with the KV path the plan chose for it."""
+    points: list[dict[str, Any]] = []
+    colocated = sorted(((c, p) for c, p in res["order"] if c.colocated), key=lambda cp: -cp[1].request_s)[:3]
+    ranked = [(c, p) for c, p in res["order"] if c.deployable][:args.top]
+    for i, (cand, pred) in enumerate(ranked + colocated):
+        points.append({"rank": i + 1 if i < len(ranked) else f"c{i - len(ranked) + 1}",
+                       "label": " ".join(cand.label().split()), "path": cand.kv_path,
+                       "request_s": pred.request_s, "ttft_s": pred.ttft_s, "colocated": cand.colocated,
+                       "best": res["best"] is not None and cand is res["best"][0],
+                       "misses": _why(cand, pred, args).startswith("misses")})
+    return points
+
+
+def write_plot(res: Mapping[str, Any], args: argparse.Namespace) -> None:
+    from . import plot
+
+    w: Workload = res["workload"]
+    load = f"concurrency {w.concurrency}" if w.concurrency else f"rate {w.rate:g} req/s"
+    title = (f"pdnode plan {res['host']}: layouts ranked for input {w.input_len}, output {w.output_len} tokens, "
+             f"{load} (predicted from {len(res['runs'])} bench run(s))")
+    plot.save(plot.plan_figure(plot_points(res, args), title, args.ttft_max), args.plot)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     for name in ("input_len", "output_len", "concurrency", "batch_limit_per_rank", "kv_bytes_per_token", "top"):
         value = getattr(args, name)
@@ -286,6 +311,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if value is not None and not (math.isfinite(value) and value > 0):
             print(f"pdnode plan: --{name.replace('_', '-')}={value} must be a positive number", file=sys.stderr)
             return EXIT_INVALID
+    if args.plot:  # refused before the work, as every other bad flag
+        from . import plot
+
+        try:
+            plot.check_target(args.plot)
+            plot.pyplot()
+        except plot.PlotError as exc:
+            print(f"pdnode plan: {exc}", file=sys.stderr)
+            return exc.code
     try:
         res = plan_layouts(args)
     except (MeasurementError, PlannerError) as exc:
@@ -298,6 +332,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(_report_json(res, args), indent=2))
     else:
         _print_table(res, args)
+    if args.plot:
+        try:
+            write_plot(res, args)
+        except OSError as exc:
+            print(f"pdnode plan: cannot write --plot {args.plot}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_CANNOT_RUN
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
     if res["best"] is None:
         print("pdnode plan: no deployable layout meets the limits (see the reasons above); relax --ttft-max / "
               "--itl-max or fix what the plan rejects", file=sys.stderr)
@@ -345,4 +386,7 @@ def register(sub: Any) -> None:
     p.add_argument("--top", type=int, default=12, help="deployable layouts to print (default 12)")
     p.add_argument("--write", metavar="FILE", help="write the best deployable layout as group_vars YAML")
     p.add_argument("--json", action="store_true", help=f"print the ranking as JSON (schema {SCHEMA})")
+    p.add_argument("--plot", metavar="FILE", help="also draw the ranked layouts, throughput against TTFT with each "
+                                                  "one's KV path, to FILE (.png or .svg; needs matplotlib: "
+                                                  "pip install 'pdnode[plot]')")
     p.set_defaults(func=cmd_plan)

@@ -48,6 +48,7 @@ class Candidate:
     decode: tuple[Inst, ...]  # colocated: the unified instances
     deployable: bool = False
     rejected: str | None = None  # the plan's first reason
+    kv_path: str | None = None  # how its KV moves, as the plan chose (pdnode.kv_path): nvlink, rdma, tcp, nixl
     variables: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -136,9 +137,10 @@ def judge(cand: Candidate, variables: Mapping[str, Any], host: str) -> Candidate
     trial.update(instance_entries(cand, variables))
     cand.variables = trial
     try:
-        build_plan(trial, host)
+        plan = build_plan(trial, host)
     except PlanError as exc:
         cand.rejected = str(exc.problems[0]) if exc.problems else "refused by the plan"
         return cand
     cand.deployable = True
+    cand.kv_path = plan.cluster["kv"]["path"]
     return cand
