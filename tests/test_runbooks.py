@@ -229,7 +229,10 @@ def test_cli_writes_every_file_of_every_host_and_replaces_whole(tmp_path, capsys
     printed = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in printed] == ["pdnode-demo", "second"]
     for host in ("pdnode-demo", "second"):
-        expected = runbooks.render_runbooks(plan_of(inv, host), str(inv))
+        hv = load_inventory(inv, host)  # the demo sets the units' readiness timeout: the pages say it
+        role_values = {k: hv.variables[k] for k in runbooks.PD_SERVICES_VALUES if k in hv.variables}
+        assert role_values["pd_services_ready_timeout_s"] == 60
+        expected = runbooks.render_runbooks(plan_of(inv, host), str(inv), role_values=role_values)
         written = {str(p.relative_to(out / host)): p.read_text() for p in (out / host).rglob("*") if p.is_file()}
         assert written == expected
     assert not stale.exists()
@@ -403,4 +406,4 @@ def test_every_page_of_every_host_is_well_formed(layout, pair_renders, spanning_
 def test_cli_writes_a_directory_per_host_of_a_layout(tmp_path, capsys):
     assert main(["runbooks", str(ROOT / "inventories" / "gpu-pair"), "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu01", "gpu02"]
-    assert "gpu02: 21 runbooks" in capsys.readouterr().out
+    assert "gpu02: 22 runbooks" in capsys.readouterr().out

@@ -29,20 +29,26 @@ import secrets
 import shlex
 import shutil
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
 
-from . import monitoring
+from . import change_cost, monitoring
 from .inventory import InventoryError, inventory_hosts, inventory_variables, load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
+# The units' readiness timeout and watchdog come from the pd_services role: its defaults,
+# or the inventory's values (judged by the plan: values.ROLE_RULES).
+PD_SERVICES_DEFAULTS = ROOT / "roles" / "pd_services" / "defaults" / "main.yml"
+PD_SERVICES_VALUES = ("pd_services_ready_timeout_s", "pd_services_watchdog_s")
+RESTART_PLAYBOOK = ROOT / "playbooks" / "restart.yml"
 TEMPLATES = ROOT / "templates" / "runbooks"
 DEFAULT_OUT = ROOT / ".cache" / "runbooks"
 # One template per page; alerts/<name>.md come from alert.md.j2, once per alert.
-PAGES = ("README.md", "start-stop.md", "node-not-serving.md", "verify-collect-bench.md", "upgrade.md")
+PAGES = ("README.md", "start-stop.md", "change.md", "node-not-serving.md", "verify-collect-bench.md", "upgrade.md")
 ALERT_TEMPLATE = "alert.md.j2"
 # The exporters' units as roles/monitoring installs them (Debian's and NVIDIA's packages).
 EXPORTER_UNITS = {"node": "prometheus-node-exporter.service", "dcgm": "nvidia-dcgm-exporter.service"}
@@ -173,9 +179,10 @@ def _alerts(plan: dict[str, Any], targets: list[dict[str, Any]], layout: dict[st
 
 
 def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | None = None,
-            sources: dict[str, str] | None = None) -> dict[str, Any]:
+            sources: dict[str, str] | None = None, role_values: dict[str, Any] | None = None) -> dict[str, Any]:
     """The values the templates read, each checked for the form it is printed in.
-    `sources`: variable -> the inventory file that sets it (HostVars.sources)."""
+    `sources`: variable -> the inventory file that sets it (HostVars.sources);
+    `role_values`: the inventory's pd_services_* values (the role's defaults otherwise)."""
     host = _check(plan["host"], HOST_RE, "host", "a host name")
     install = dict(plan["install"])
     for key in ("root", "venv", "config_dir", "python", "api_key_path", "admin_key_path"):
@@ -188,6 +195,10 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
     router = services.get("router")  # a layout over several hosts: only on the router's host
     settings = plan["settings"]
     thresholds = settings.get("pdnode_verify_thresholds") or {}
+    units_conf = pd_services_values(role_values or {})
+    timeout = units_conf["pd_services_ready_timeout_s"]
+    # the drain-first rolling restart (issue 18, section 1), once the repository has it
+    restart_playbook = RESTART_PLAYBOOK.exists()
     targets = _targets(plan, services)
     layout = _layout(plan)
     own_ports = [(name, port) for name, port in plan["ports"].items() if name.split(".", 1)[0] in services]
@@ -218,7 +229,18 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
         "alerts": _alerts(plan, targets, layout),
         "versions": {k: settings.get(k) for k in sorted(settings) if k.endswith("_version")},
         "sources": {k: str(v) for k, v in (sources or {}).items() if k.endswith("_version")},
+        "ready_timeout_s": timeout,
+        "watchdog_s": units_conf["pd_services_watchdog_s"],
+        "costs": {k: asdict(c) for k, c in change_cost.costs(plan, timeout, drain=restart_playbook).items()},
+        "measured": change_cost.MEASURED, "router_restart": change_cost.ROUTER_RESTART,
+        "restart_playbook": restart_playbook,
     }
+
+
+def pd_services_values(inventory_values: dict[str, Any]) -> dict[str, int]:
+    """The units' readiness timeout and watchdog (seconds): the inventory's, else the role's."""
+    defaults = yaml.safe_load(PD_SERVICES_DEFAULTS.read_text())
+    return {k: int(inventory_values.get(k, defaults[k])) for k in PD_SERVICES_VALUES}
 
 
 def _layout(plan: dict[str, Any]) -> dict[str, Any]:
@@ -266,12 +288,12 @@ def _environment() -> Any:
 
 
 def render_runbooks(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | None = None,
-                    sources: dict[str, str] | None = None) -> dict[str, str]:
+                    sources: dict[str, str] | None = None, role_values: dict[str, Any] | None = None) -> dict[str, str]:
     """{relative file name: Markdown} for one host's plan (`Plan.as_dict()`); `inventory` is
     the path the commands name, `address` the host's ansible_host, `sources` where the
-    inventory sets each variable."""
+    inventory sets each variable, `role_values` its pd_services_* values."""
     env = _environment()
-    ctx = context(plan, inventory, address, sources)
+    ctx = context(plan, inventory, address, sources, role_values)
     out = {page: env.get_template(page + ".j2").render(ctx) for page in PAGES}
     frame = env.get_template(ALERT_TEMPLATE)
     for alert in ctx["alerts"]:
@@ -296,7 +318,8 @@ def _render_host(inventory: str, host: str) -> dict[str, str]:
                            ) from None
     conn = hv.variables.get("ansible_connection")
     address = hv.variables.get("ansible_host") if conn not in ("local", "community.docker.docker") else None
-    return render_runbooks(plan.as_dict(), inventory, str(address) if address else None, hv.sources)
+    role_values = {k: hv.variables[k] for k in PD_SERVICES_VALUES if k in hv.variables}  # judged by the plan
+    return render_runbooks(plan.as_dict(), inventory, str(address) if address else None, hv.sources, role_values)
 
 
 def _sibling(out_dir: Path, tag: str) -> Path:

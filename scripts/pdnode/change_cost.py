@@ -1,0 +1,119 @@
+"""What a planned change costs on a layout (issue 18, section 5): for each restart the
+runbooks offer, whether requests are dropped, for how long at most, and where each figure
+comes from. Pure: reads one host's plan (`Plan.as_dict()`) and the readiness timeout.
+
+The rule: a planned restart of an engine instance drops nothing when another instance of
+its role serves meanwhile (the instance is taken out of the router first, drained, then
+restarted); the layout's only prefill or only decode cannot be replaced while it restarts,
+so its restart is an outage. The one router always is: clients connect to it. An upgrade
+restarts every engine and the router on the new release, so it costs what the worst of
+those restarts costs.
+
+The outage's length: an engine's start-to-ready time, bounded by the readiness timeout
+(`pd_services_ready_timeout_s`: past it the start fails), plus the prefill's wait for the
+decodes to drop its old sessions (`restart_delay_s`, the plan's heartbeat figure) when it
+has one. Measured start times are in docs/measurements.md (MEASURED names the rows);
+with a real model they are minutes, and no real-model restart has been measured yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ENGINE_ROLES = ("prefill", "decode")
+
+# Rows of docs/measurements.md the pages quote: what was measured -> the figure as written
+# there (tests/test_change_cost.py checks each figure still stands in that file).
+# what -> (the row's first cell, the figure as the row writes it)
+MEASURED = {
+    "recovery of decode / prefill / router after a kill, stand-in engine":
+        ("recovery after `kill -9` of decode / prefill / router", "5.4 / 6.4 / 3.5 s"),
+    "longest outage of a 1P1D upgrade, stand-in engine":
+        ("1P1D, sglang-router 0.3.2 -> smg 1.13.0 (new release venv built)", "15.9-28.3 s"),
+    "router restart during an upgrade": ("2P1D, smg -> 0.3.2 (before the stop-wait-start)", "1.9 s (router restart)"),
+}
+ROUTER_RESTART = "router restart during an upgrade"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One planned restart: what restarts, whether requests are dropped, why, and the
+    longest outage in seconds the plan allows (None: no outage)."""
+
+    what: str  # an instance id, "router", or "upgrade"
+    units: tuple[str, ...]  # the units that restart
+    drops: bool
+    why: str
+    outage_max_s: int | None
+
+
+def _engines(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every engine instance of the layout (all hosts), id -> the cluster's entry."""
+    return {iid: e for iid, e in plan["cluster"]["engines"].items() if e["role"] in ENGINE_ROLES}
+
+
+def role_counts(plan: dict[str, Any]) -> dict[str, int]:
+    engines = _engines(plan).values()
+    return {role: sum(e["role"] == role for e in engines) for role in ENGINE_ROLES}
+
+
+def instance_cost(plan: dict[str, Any], iid: str, ready_timeout_s: int, drain: bool = True) -> Cost:
+    """A planned restart of engine instance `iid` (a service of this host's plan). `drain`:
+    the restart takes the instance out of the router and waits for its requests first
+    (without it, the requests in flight on it fail even where a peer serves)."""
+    svc = plan["services"][iid]
+    role = svc["role"]
+    counts = role_counts(plan)
+    upheld = tuple(svc.get("upholds") or ())
+    units = (svc["unit"], *upheld)
+    delay = int(svc.get("restart_delay_s") or 0)
+    if counts[role] >= 2:
+        others = counts[role] - 1
+        serve = f"{others} other {role} instance{'s' if others > 1 else ''} serve{'s' if others == 1 else ''}"
+        if not drain:
+            return Cost(iid, units, True, f"{serve}, but the requests in flight on {iid} fail: nothing takes it "
+                                          "out of the router first", None)
+        return Cost(iid, units, False, f"{serve} while {iid} is out of the router", None)
+    # the only instance of its role: nothing can take its work while it restarts;
+    # the decodes bound to it restart after it, each with its own readiness gate
+    chain = 1 + (1 if upheld else 0)
+    why = f"{iid} is the layout's only {role}"
+    if upheld:
+        ids = [sid for sid, s in plan["services"].items() if s["unit"] in upheld]
+        why += f"; {', '.join(ids)} restart{'s' if len(ids) == 1 else ''} with it"
+    return Cost(iid, units, True, why, delay + chain * ready_timeout_s)
+
+
+def router_cost(plan: dict[str, Any], ready_timeout_s: int) -> Cost:
+    unit = plan["services"]["router"]["unit"]
+    return Cost("router", (unit,), True, "the layout has one router: clients connect to it", ready_timeout_s)
+
+
+def upgrade_cost(plan: dict[str, Any], ready_timeout_s: int, drain: bool = True) -> Cost:
+    """Every engine instance of this host and the router (where it runs here) restart on
+    the new release, one at a time: the worst single restart is the outage."""
+    upheld = {u for s in plan["services"].values() for u in s.get("upholds") or ()}
+    # a decode bound to the node's one prefill restarts with it, not on its own
+    engines = [iid for iid, s in plan["services"].items() if s["role"] in ENGINE_ROLES and s["unit"] not in upheld]
+    parts = [instance_cost(plan, iid, ready_timeout_s, drain) for iid in engines]
+    if "router" in plan["services"]:
+        parts.append(router_cost(plan, ready_timeout_s))
+    dropping = [c for c in parts if c.drops]
+    units = tuple(u for c in parts for u in c.units)
+    if not dropping:
+        return Cost("upgrade", units, False, "every instance has a peer of its role serving while it restarts", None)
+    why = "; ".join(c.why for c in dropping)
+    outages = [c.outage_max_s for c in dropping if c.outage_max_s is not None]
+    return Cost("upgrade", units, True, why, max(outages) if outages else None)
+
+
+def costs(plan: dict[str, Any], ready_timeout_s: int, drain: bool = True) -> dict[str, Cost]:
+    """id -> Cost for every engine instance of this host, the router (when here) and the
+    upgrade: what the runbooks print."""
+    out = {iid: instance_cost(plan, iid, ready_timeout_s, drain)
+           for iid, s in plan["services"].items() if s["role"] in ENGINE_ROLES}
+    if "router" in plan["services"]:
+        out["router"] = router_cost(plan, ready_timeout_s)
+    out["upgrade"] = upgrade_cost(plan, ready_timeout_s, drain)
+    return out
