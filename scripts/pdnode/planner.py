@@ -235,7 +235,9 @@ def _print_table(res: Mapping[str, Any], args: argparse.Namespace) -> None:
     print(f"rates fitted to {len(res['runs'])} run(s): prefill {1 / p.tau:,.0f} tok/s per GPU, decode step "
           f"{p.beta * 1000:.2f} ms + {p.gamma * 1000:.3f} ms per running request, fixed TTFT "
           f"{p.delta * 1000:.1f} ms; KV {res['kv']['bytes_per_token']} B/token ({res['kv']['source']}) "
-          f"over {res['kv']['link_gb_s']:g} GB/s"
+          f"over {res['kv']['link_gb_s']:g} GB/s (path {res['kv']['path']}"
+          + (", the stand-in's loopback bytes: no faster than TCP" if res["variables"].get("pdnode_engine") == "sim"
+             else "") + ")"
           + (f": the hand-off adds {res['kv']['bytes_per_token'] * w.input_len / (res['kv']['link_gb_s'] * 1e6):.1f} "
              f"ms to each {w.input_len}-token prompt's TTFT" if res["kv"]["bytes_per_token"] else ""))
     for r in res["residuals"]:
