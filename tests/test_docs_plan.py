@@ -248,6 +248,28 @@ def unit_known(unit: str, facts: Facts) -> bool:
     return unit in facts.units or unit in repo_units()
 
 
+def prose_units(text: str, facts: Facts) -> list[tuple[int, str]]:
+    """(line, word) for every word, prose included, that starts with a plan's unit prefix
+    and is no unit of the plans (the stale `sglang-pd-prefill`); a path or a file named
+    after the prefix (`/etc/sglang-pd/`, `sglang-pd.json`) is not a unit."""
+    out = []
+    for prefix in facts.prefixes:
+        word = re.compile(rf"(?<![\w/.@-]){re.escape(prefix)}(?:-[a-z0-9]+)*(?:\.service|\.target)?(?![\w/@-])")
+        for line, content in all_lines(text):
+            for m in word.finditer(content):
+                name, tail = m.group(0), content[m.end():]
+                if not name.endswith((".service", ".target")) and re.match(r"\.(?:json|nft|env|conf)\b", tail):
+                    continue  # a file named after the prefix, checked as a path
+                unit = name if name.endswith((".service", ".target")) else name + ".service"
+                if name == prefix:
+                    if tail[:1] in ("/", "_"):
+                        continue  # a directory or table named after the prefix
+                    unit = prefix + ".target"  # the prefix alone names the target
+                if not unit_known(unit, facts):
+                    out.append((line, name))
+    return out
+
+
 # --- the checks ----------------------------------------------------------------------------
 @pytest.mark.parametrize("doc", DOCS, ids=rel)
 def test_units_exist_in_the_plan(doc):
@@ -259,23 +281,7 @@ def test_units_exist_in_the_plan(doc):
         for words in commands_of(code):
             named |= set(unit_arguments(words))
         bad += [f"{rel(doc)}:{line}: unit {u}" for u in sorted(named) if not unit_known(u, facts)]
-    # a word that starts with the units' prefix, in prose too: the stale `sglang-pd-prefill`
-    for prefix in facts.prefixes:
-        word = re.compile(rf"(?<![\w/.@-]){re.escape(prefix)}(?:-[a-z0-9]+)*(?:\.service|\.target)?(?![\w/@-])")
-        for line, content in all_lines(text):
-            for m in word.finditer(content):
-                name, end = m.group(0), content[m.end():m.end() + 1]
-                if end == "." and not name.endswith((".service", ".target")):
-                    tail = content[m.end():]
-                    if re.match(r"\.(?:json|nft|env|conf)\b", tail):
-                        continue  # a file named after the prefix, checked as a path
-                unit = name if name.endswith((".service", ".target")) else name + ".service"
-                if name == prefix:
-                    unit = prefix + ".target"  # the prefix alone is the target's name, or the directory's
-                    if content[m.end():m.end() + 1] in ("/", "_") or content[max(0, m.start() - 1)] == "/":
-                        continue
-                if not unit_known(unit, facts):
-                    bad.append(f"{rel(doc)}:{line}: unit {name}")
+    bad += [f"{rel(doc)}:{line}: unit {name}" for line, name in prose_units(text, facts)]
     assert not bad, "units no plan of " + ", ".join(page_inventories(doc, text)) + " has:\n" + "\n".join(sorted(set(bad)))
 
 
@@ -412,3 +418,5 @@ def test_the_checks_fail_on_stale_names():
     assert not path_known("/etc/sglang-pd/prefill.json", facts)
     assert path_known("/etc/sglang-pd/prefill-0.json", facts)
     assert path_known("/opt/sglang-pd/venvs/<release>", facts)
+    prose = "restart sglang-pd-prefill (decode follows),\nthen sglang-pd-prefill-0 and sglang-pd.target; /etc/sglang-pd/x"
+    assert prose_units(prose, facts) == [(1, "sglang-pd-prefill")]
