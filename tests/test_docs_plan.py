@@ -2,7 +2,7 @@
 
 An operator page that names `sglang-pd-prefill` after the units became
 `sglang-pd-prefill-0.service` sends the operator to a unit that does not exist. Each
-page of README.md and docs/**/*.md is read against the plans of the inventories it
+page of README.md, docs/**/*.md and roles/*/README.md is read against the plans of the inventories it
 names (`inventories/<name>`; a page that names none: the reference inventory,
 inventories/gpu01), every host of each:
 
@@ -40,7 +40,7 @@ from pdnode.inventory import inventory_hosts, inventory_variables, load_inventor
 from pdnode.plan import PlanError, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "roles").glob("*/README.md"))]
 REFERENCE = "gpu01"
 RENDERED = ROOT / "docs" / "runbooks" / REFERENCE
 REGENERATE = f".venv/bin/pdnode runbooks inventories/{REFERENCE} --out docs/runbooks"
