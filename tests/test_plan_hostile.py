@@ -34,6 +34,8 @@ def _problems(base, changes):
     return []
 
 
+# The cases written for sglang-router 0.3.2's parser and messages (smg is the default).
+R032 = {"pdnode_router_package": "sglang-router"}
 # (changes, the one problem line starts with ...)
 REFUSED = [
     pytest.param({"pdnode_service_user": "%u"}, "pdnode_service_user='%u': must be a POSIX system user name", id="user_specifier"),
@@ -102,7 +104,7 @@ REFUSED = [
     pytest.param({"pdnode_router_extra_args": {"retry-max-retries": 3}},
                  "pdnode_router_extra_args.retry-max-retries=3: is spelled with dashes; the plan takes sglang-router's "
                  "underscored names. Fix: write retry_max_retries.", id="router_dash"),
-    pytest.param({"pdnode_router_extra_args": {"no_such_option": 1}},
+    pytest.param({**R032, "pdnode_router_extra_args": {"no_such_option": 1}},
                  "pdnode_router_extra_args.no_such_option=1: is not an argument of sglang-router 0.3.2", id="router_unknown"),
     pytest.param({"pdnode_router_extra_args": {"retry_max_retries": "many"}},
                  "pdnode_router_extra_args.retry_max_retries='many': --retry-max-retries takes an integer", id="router_int"),
@@ -147,22 +149,22 @@ SMG = {"pdnode_router_package": "smg"}
 # before). The router's own verdicts come from the installed package (pdnode.router_judge);
 # the doors are pdnode.guards' (docs/security.md, "What opens a door").
 ROUTER_REFUSES = [
-    pytest.param({"pdnode_router_extra_args": {"jwt_issuer": "https://idp.example"}},
+    pytest.param({**R032, "pdnode_router_extra_args": {"jwt_issuer": "https://idp.example"}},
                  "pdnode_router_extra_args.jwt_issuer='https://idp.example': sglang-router 0.3.2 refuses it: jwt_issuer "
                  "must not be in the router JSON", id="router_jwt_issuer"),
-    pytest.param({"pdnode_router_extra_args": {"postgres_db_url": "postgres://pd:SECRET@db.example/pd"}},
+    pytest.param({**R032, "pdnode_router_extra_args": {"postgres_db_url": "postgres://pd:SECRET@db.example/pd"}},
                  "pdnode_router_extra_args.postgres_db_url='postgres://<hidden>@db.example/pd': sglang-router 0.3.2 "
                  "refuses it: postgres_db_url must not be in the router JSON", id="router_postgres_url"),
-    pytest.param({"pdnode_router_extra_args": {"redis_url": "redis://:SECRET@cache.example:6379/0"}},
+    pytest.param({**R032, "pdnode_router_extra_args": {"redis_url": "redis://:SECRET@cache.example:6379/0"}},
                  "pdnode_router_extra_args.redis_url='redis://<hidden>@cache.example:6379/0': sglang-router 0.3.2 "
                  "refuses it: redis_url must not be in the router JSON", id="router_redis_url"),
     pytest.param({**SMG, "pdnode_router_extra_args": {"jwt_issuer": "https://idp.example"}},
                  "pdnode_router_extra_args.jwt_issuer='https://idp.example': smg 1.13.0 refuses it", id="smg_jwt_issuer"),
     # the package's own parser and pre-start steps, not a table of pdnode's
-    pytest.param({"pdnode_router_extra_args": {"retry_max_retries": -5}},
+    pytest.param({**R032, "pdnode_router_extra_args": {"retry_max_retries": -5}},
                  "pdnode_router_extra_args.retry_max_retries=-5: sglang-router 0.3.2 refuses it: OverflowError",
                  id="router_negative_retries"),
-    pytest.param({"pdnode_router_extra_args": {"history_backend": "redis"}},
+    pytest.param({**R032, "pdnode_router_extra_args": {"history_backend": "redis"}},
                  "pdnode_router_extra_args.history_backend='redis': sglang-router 0.3.2 refuses it: TypeError",
                  id="router_history_without_url"),
     pytest.param({**SMG, "pdnode_router_extra_args": {"history_backend": "redis"}},
@@ -170,7 +172,7 @@ ROUTER_REFUSES = [
                  id="smg_history_without_url"),
 ]
 DOORS = [
-    pytest.param({"pdnode_router_extra_args": {"mini_lb": True}},
+    pytest.param({**R032, "pdnode_router_extra_args": {"mini_lb": True}},
                  "pdnode_router_extra_args.mini_lb=True: opens a door: replaces the router with sglang-router's Python "
                  "mini load balancer, which checks neither the API key nor the admin key", id="router_mini_lb"),
     pytest.param({**SMG, "pdnode_router_extra_args": {"enable_mesh": True}},
@@ -523,6 +525,7 @@ def test_cli_refuses_the_issue_17_reproductions(tmp_path):
     key.write_bytes(NOT_ONE_KEY["ssh_private_key"][0])
     inv = _inventory_with(tmp_path, (
         f"---\npdnode_api_key_file: {key}\n"
+        "pdnode_router_package: sglang-router\n"
         "pdnode_router_extra_args: {mini_lb: true}\n"
         "pdnode_model_load_format: remote\n"
         "pdnode_prefill_instances:\n"
@@ -535,7 +538,8 @@ def test_cli_refuses_the_issue_17_reproductions(tmp_path):
     assert "5 problems" in lines[0] and len(lines) == 6, r.stderr
     assert "SECRET" not in r.stderr and "Traceback" not in r.stderr
     (inv / "group_vars" / "all" / "zz-extra.yml").write_text(
-        "---\npdnode_router_extra_args: {jwt_issuer: 'https://idp.example', postgres_db_url: "
+        "---\npdnode_router_package: sglang-router\n"
+        "pdnode_router_extra_args: {jwt_issuer: 'https://idp.example', postgres_db_url: "
         "'postgres://pd:SECRET@db.example/pd', retry_max_retries: -5}\n")
     r = _cli("check", str(inv))
     assert r.returncode == 1, r.stdout + r.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from planvars import changed, variables
 
-from pdnode.plan import build_plan
+from pdnode.plan import PlanError, build_plan
 
 READ_BY_UNITS = ("unit", "exec", "ready")
 
@@ -42,7 +42,7 @@ def test_services_of_the_demo_node(demo_vars):
     assert s["decode-0"]["ready"] == ["http://127.0.0.1:30001/health"]
     assert _units_view(s["router"]) == {
         "unit": "sglang-pd-router.service",
-        "exec": [py, "-m", "pdnode.router_launch", "/etc/sglang-pd/router.json", "--router-package", "sglang-router",
+        "exec": [py, "-m", "pdnode.router_launch", "/etc/sglang-pd/router.json", "--router-package", "smg",
                  "--admin-key-file", "/etc/sglang-pd/router-admin-key"],
         "ready": ["http://127.0.0.1:8000/readiness"],
     }
@@ -58,13 +58,44 @@ def test_api_key_file_goes_to_every_service(demo_vars):
     assert s["router"]["exec"][6:8] == ["--admin-key-file", "/etc/pd/router-admin-key"]
 
 
-def test_smg_is_a_release_of_its_own_started_by_package(demo_vars):
-    p = _plan(demo_vars, pdnode_router_package="smg")
+def test_smg_is_the_default_release_started_by_package(demo_vars):
+    p = _plan(demo_vars)
     assert "-smg-1.13.0-" in p["install"]["venv"] and "-router-" not in p["install"]["venv"]
     assert p["install"]["router_requirement"] == "smg==1.13.0"
     router = p["services"]["router"]
     assert router["exec"][4:6] == ["--router-package", "smg"] and router["args"]["log_json"] is True
-    assert _plan(demo_vars)["install"]["router_requirement"] == "sglang-router==0.3.2"
+    assert router["args"]["policy"] == p["settings"]["pdnode_router_policy"] == "power_of_two"
+
+
+def test_sglang_router_stays_selectable(demo_vars):
+    p = _plan(demo_vars, pdnode_router_package="sglang-router")
+    assert "-router-0.3.2-" in p["install"]["venv"] and "-smg-" not in p["install"]["venv"]
+    assert p["install"]["router_requirement"] == "sglang-router==0.3.2"
+    router = p["services"]["router"]
+    assert router["exec"][4:6] == ["--router-package", "sglang-router"] and "log_json" not in router["args"]
+    assert router["args"]["policy"] == "cache_aware"
+
+
+@pytest.mark.parametrize(("package", "policy", "refused"), [
+    ("smg", "cache_aware", True), ("smg", "power_of_two", False), ("smg", "round_robin", False),
+    ("sglang-router", "cache_aware", False)])
+def test_smg_with_cache_aware_is_refused_where_the_router_has_a_choice(demo_vars, package, policy, refused):
+    two = [{"gpus": [0, 1]}, {"gpus": [2, 3], "name": "b"}]
+    changes = {"pdnode_router_package": package, "pdnode_router_policy": policy}
+    for layout in ({"pdnode_prefill_instances": two}, {"pdnode_decode_instances": [{"gpus": [4, 5]},
+                                                                                   {"gpus": [6, 7], "name": "b"}]}):
+        try:
+            _plan(demo_vars, **changes, **layout)
+            lines = []
+        except PlanError as exc:
+            lines = [str(p) for p in exc.problems]
+        assert lines == ([
+            "pdnode_router_policy='cache_aware': with smg 1.13 and several prefills or decodes, one dead instance "
+            "fails requests and can take the node down for minutes (retries stay on the dead prefill and open the "
+            "decode's breaker: 180 s measured, docs/smg.md). Fix: use power_of_two (or unset it; round_robin also "
+            "lost 0 requests), or pdnode_router_package: sglang-router."] if refused else []), layout
+    # one prefill and one decode: the policy has no choice to make
+    assert _plan(demo_vars, **changes)["services"]["router"]["args"]["policy"] == policy
 
 
 @pytest.mark.parametrize(("host", "url"), [
@@ -89,7 +120,7 @@ def test_worker_readiness_on_ipv6_loopback_is_bracketed(demo_vars):
 def test_every_version_in_the_venv_names_the_release(demo_vars):
     base = _plan(demo_vars)["install"]["venv"]
     for name, value in (("pdnode_mooncake_cuda13_version", "9.9.9"), ("pdnode_mooncake_version", "9.9.8"),
-                        ("pdnode_sglang_router_version", "9.9.7")):
+                        ("pdnode_smg_version", "9.9.7")):
         venv = _plan(demo_vars, **{name: value})["install"]["venv"]
         assert venv != base and value in venv, name
 

@@ -154,6 +154,21 @@ def test_unsupported_os(h200_raw):
     assert pf.judge(hf.collect(h200_raw), one_gpu_expect()) == []
 
 
+@pytest.mark.parametrize(("arch", "package", "refused"), [
+    ("aarch64", "smg", True), ("x86_64", "smg", False), ("aarch64", "sglang-router", False), ("aarch64", None, False)])
+def test_smg_is_refused_where_it_has_no_wheel(h200_raw, arch, package, refused):
+    h200_raw["os"] = {"id": "ubuntu", "version": "24.04", "major": "24", "arch": arch}
+    problems = pf.judge(hf.collect(h200_raw), one_gpu_expect(router_package=package))
+    assert [p.line for p in problems] == ([
+        "ERROR router_package='smg': has no wheel for aarch64 (x86_64 only; docs/smg.md). "
+        "Fix: set pdnode_router_package: sglang-router for this host."] if refused else [])
+
+
+def test_the_plan_tells_preflight_its_router_package():
+    plan = build_plan(load_inventory(ROOT / "inventories" / "gpu01", "gpu01").variables, "gpu01").as_dict()
+    assert pf.expectations(plan)["router_package"] == "smg"
+
+
 def test_cuda_failures(h200_raw):
     h200_raw["cuda"] = ok('{"ok": false, "error": "cuInit: 802 system not yet initialized", "devices": []}')
     (p,) = pf.judge(hf.collect(h200_raw), one_gpu_expect())

@@ -25,6 +25,8 @@ ROUTER = BY_NAME["pdnode_sglang_router_version"].default
 MOONCAKE = BY_NAME["pdnode_mooncake_version"].default
 SMG = BY_NAME["pdnode_smg_version"].default
 MOONCAKE_CU13 = BY_NAME["pdnode_mooncake_cuda13_version"].default
+PACKAGE = BY_NAME["pdnode_router_package"].default
+ROUTER_REQUIREMENT = f"{PACKAGE}=={SMG if PACKAGE == 'smg' else ROUTER}"
 
 
 def _yaml(rel: str):
@@ -50,9 +52,9 @@ def _conformance_pin(name: str) -> str:
 PLACES = [
     pytest.param(lambda: _yaml("roles/sglang/defaults/main.yml")["sglang_version"], SGLANG, id="sglang role default"),
     pytest.param(lambda: _spec_default("sglang", "sglang_version"), SGLANG, id="sglang argument_specs"),
-    pytest.param(lambda: _yaml("roles/sglang/defaults/main.yml")["sglang_router_requirement"], f"sglang-router=={ROUTER}",
+    pytest.param(lambda: _yaml("roles/sglang/defaults/main.yml")["sglang_router_requirement"], ROUTER_REQUIREMENT,
                  id="router role default"),
-    pytest.param(lambda: _spec_default("sglang", "sglang_router_requirement"), f"sglang-router=={ROUTER}",
+    pytest.param(lambda: _spec_default("sglang", "sglang_router_requirement"), ROUTER_REQUIREMENT,
                  id="router argument_specs"),
     pytest.param(lambda: _pins()["smg"], SMG, id="pyproject smg pin"),
     pytest.param(lambda: argtable.SMG_TABLE, f"data/routerargs-smg-{SMG}.json", id="smg argument table"),

@@ -81,13 +81,16 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_router_port", "int", 8000, "router HTTP port (its own default 30000 collides)"),
     _F("pdnode_router_metrics_host", "str", "127.0.0.1", "router Prometheus listener address (an IP address or a DNS name)"),
     _F("pdnode_router_metrics_port", "int", 29000, "router Prometheus listener port"),
-    _F("pdnode_router_policy", "str", "cache_aware", "random | round_robin | cache_aware | power_of_two"),
+    _F("pdnode_router_policy", "str_or_none", None, "random | round_robin | cache_aware | power_of_two; unset: the "
+       "router package's policy measured safe when an instance dies (smg power_of_two, sglang-router cache_aware; "
+       "docs/decisions.md)"),
     _F("pdnode_router_worker_startup_timeout_s", "int", 1800, "how long the router waits for workers"),
     _F("pdnode_router_circuit_open_s", "int", 5,
        "seconds a tripped circuit breaker stays open (router default 60: one prefill and one "
        "decode have no other worker to fail over to, so a long open circuit only prolongs an outage)"),
-    _F("pdnode_router_package", "str", "sglang-router",
-       "sglang-router | smg (its successor; docs/smg.md says why sglang-router stays the default)"),
+    _F("pdnode_router_package", "str", "smg",
+       "smg (the maintained successor of sglang-router; x86_64 only) | sglang-router (0.3.2, the last of its line; "
+       "also on aarch64); docs/smg.md"),
     _F("pdnode_router_extra_args", "dict", {}, "more arguments of the router package (underscored names, types and choices of its parser; no secrets)"),
     _F("pdnode_allow_exposing_args", "str_list", [], "engine and router arguments that open a door (a listener beyond "
        "loopback, no API key check, data or weights over the network; docs/security.md lists them) allowed anyway, "

@@ -32,6 +32,9 @@ IB_DEVICE_BACKENDS = ("mooncake", "nixl")
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")
 # Distribution -> its version variable (pdnode.router_launch starts either, docs/smg.md).
 ROUTER_PACKAGES = {"sglang-router": "pdnode_sglang_router_version", "smg": "pdnode_smg_version"}
+# The policy an unset pdnode_router_policy means: per package, the one measured to lose no
+# request when an instance dies (docs/smg.md's failure table; docs/decisions.md says why).
+ROUTER_DEFAULT_POLICY = {"sglang-router": "cache_aware", "smg": "power_of_two"}
 OWNED_ROUTER_ARGS = {
     "pd_disaggregation": "(always on)", "prefill": "pdnode_prefill_instances",
     "decode": "pdnode_decode_instances", "worker_urls": "pdnode_prefill_instances/pdnode_decode_instances", "host": "pdnode_router_host",
@@ -405,15 +408,20 @@ def _check_router(c: _Checker, v: dict[str, Any], allow: set[str]) -> None:
         c.error("router-package-known", "pdnode_router_package", package, "is not a router package pdnode starts",
                 f"use one of {', '.join(ROUTER_PACKAGES)}")
         package = "sglang-router"
-    prefills = v["pdnode_prefill_instances"] if isinstance(v["pdnode_prefill_instances"], list) else []
-    if package == "smg" and v["pdnode_router_policy"] == "cache_aware" and len(prefills) > 1:
+    if v["pdnode_router_policy"] is None:
+        v["pdnode_router_policy"] = ROUTER_DEFAULT_POLICY[package]
+    choices = max((len(v[f"pdnode_{role}_instances"]) for role in ("prefill", "decode")
+                   if isinstance(v[f"pdnode_{role}_instances"], list)), default=1)
+    if package == "smg" and v["pdnode_router_policy"] == "cache_aware" and choices > 1:
         # measured (docs/smg.md): smg 1.13 retries on the same dead prefill and charges the
-        # decode's breaker too; 2P1D answered 503 for 180 s, until its health checks dropped it
-        c.warn("router-smg-cache-aware", "pdnode_router_policy", "cache_aware",
-               "with smg 1.13 one dead prefill fails requests and can take the node down until the router's "
-               "health checks drop it (retries stay on the dead prefill and can open the decode's breaker: "
-               "180 s measured)",
-               "use power_of_two or round_robin (0 failed requests measured), or sglang-router")
+        # decode's breaker too; 2P1D answered 503 for 180 s, until its health checks dropped it.
+        # No smg setting was measured to prevent it, so the pair is refused, not warned about.
+        c.error("router-smg-cache-aware", "pdnode_router_policy", "cache_aware",
+                "with smg 1.13 and several prefills or decodes, one dead instance fails requests and can take "
+                "the node down for minutes (retries stay on the dead prefill and open the decode's breaker: "
+                "180 s measured, docs/smg.md)",
+                "use power_of_two (or unset it; round_robin also lost 0 requests), or pdnode_router_package: "
+                "sglang-router")
     if v["pdnode_router_policy"] is not None and v["pdnode_router_policy"] not in ROUTER_POLICIES:
         c.error("router-policy-known",
                 "pdnode_router_policy", v["pdnode_router_policy"], "not a PD routing policy pdnode offers",

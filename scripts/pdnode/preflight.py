@@ -45,7 +45,7 @@ def _show(value: Any) -> str:
 EXPECT_KEYS = ("gpu_count", "gpu_model", "driver_branch", "gpu_ids", "ports", "nics",
                "transfer_backend", "model_path", "own_unit_prefix", "supported_os",
                "require_systemd", "min_free_disk_gb", "check_cuda", "engine", "own_units",
-               "kv_path", "kv_gpu_pairs")
+               "kv_path", "kv_gpu_pairs", "router_package")
 
 
 def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -80,6 +80,8 @@ def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None =
             "kv_gpu_pairs": [[p.get("gpus") or [], d.get("gpus") or []]
                              for p in engines if p.get("role") == "prefill"
                              for d in engines if d.get("role") == "decode"] or None,
+            # every host installs the release venv, router package included
+            "router_package": (plan.get("install") or {}).get("router_package"),
         })
     for key, value in (overrides or {}).items():
         if key not in EXPECT_KEYS:
@@ -146,6 +148,18 @@ def _os(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
     if f"{dist} {version}" not in supported and f"{dist} {major}" not in supported:
         j.error("os", f"{dist} {version}".strip(), f"is not a supported OS ({', '.join(exp['supported_os'])})",
                 "install a supported release; the NVIDIA repository URL and the package names depend on it")
+
+
+# Router packages with wheels for x86_64 only (docs/smg.md: smg 1.13.0 has none for aarch64).
+X86_64_ONLY = {"smg": "sglang-router"}
+
+
+def _arch(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
+    arch = str((facts.get("os") or {}).get("arch") or "")
+    package = exp["router_package"]
+    if arch and arch != "x86_64" and package in X86_64_ONLY:
+        j.error("router_package", package, f"has no wheel for {arch} (x86_64 only; docs/smg.md)",
+                f"set pdnode_router_package: {X86_64_ONLY[package]} for this host")
 
 
 def _init(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
@@ -429,6 +443,7 @@ def judge(facts: dict[str, Any], expect: dict[str, Any]) -> list[Problem]:
     exp = expectations(None, expect)
     j = _J()
     _os(j, facts, exp)
+    _arch(j, facts, exp)
     _init(j, facts, exp)
     # The stand-in engine (pdnode_engine: sim) runs on hosts without GPUs or RDMA NICs
     # by design: the hardware checks do not apply there.

@@ -174,8 +174,9 @@ RULES: tuple[Rule, ...] = (
     Rule("ib-devices-cover-gpus", "error", "`pdnode_ib_devices` maps every GPU the instances use"),
     # --- the router
     Rule("router-package-known", "error", "`pdnode_router_package` is sglang-router or smg"),
-    Rule("router-smg-cache-aware", "warning", "smg 1.13 with the cache_aware policy and several prefills: one dead "
-         "prefill fails requests and can take the node down until the router's health checks drop it (docs/smg.md)"),
+    Rule("router-smg-cache-aware", "error", "not smg 1.13 with the cache_aware policy and several prefills or "
+         "decodes: one dead instance fails requests and can take the node down until the router's health checks "
+         "drop it (docs/smg.md)"),
     Rule("router-policy-known", "error", "`pdnode_router_policy` is a PD policy of sglang-router 0.3.2"),
     Rule("router-dp-aware-broken", "error", "`dp_aware` is broken in PD mode in sglang-router 0.3.2"),
     Rule("router-arg-owned", "error", "a router argument the plan sets itself (workers, host, ports, policy, ...)"),

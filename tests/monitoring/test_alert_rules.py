@@ -187,14 +187,20 @@ def cases(plan: dict[str, Any], rules: dict[str, dict[str, Any]]) -> list[dict[s
          [*(series("up", target[role], "1x10") for role in scraped),
           series("up", {"job": "other", "instance": "127.0.0.1:1"}, "0x10")], [("6m", [])])
 
-    case("PdMetricsMissing", "an engine without its PD counters and a node exporter without restart counts fire",
+    worker = {"worker": plan["services"]["prefill-0"]["url"]}
+    case("PdMetricsMissing", "an engine without its PD counters, a router without worker health and a node "
+         "exporter without restart counts fire",
          [series("up", target["prefill"], "1x20"), series("up", target["node"], "1x20"),
+          series("up", target["router"], "1x20"),
           series("sglang:num_requests_total", {**target["prefill"], "model_name": "m"}, "0x20"),
+          series("smg_router_requests_total", {**target["router"], "endpoint": "chat"}, "0x20"),
           series("node_systemd_service_restart_total", {**target["node"], "name": "cron.service"}, "0x20")],
-         [("15m", [target["prefill"], target["node"]])])
+         [("15m", [target["prefill"], target["router"], target["node"]])])
     case("PdMetricsMissing", "the counters present do not fire",
          [series("up", target["prefill"], "1x20"), series("up", target["node"], "1x20"),
+          series("up", target["router"], "1x20"),
           series("sglang:num_bootstrap_failed_reqs_total", {**target["prefill"], **rank}, "0x20"),
+          series("smg_worker_health", {**target["router"], **worker}, "1x20"),
           series("node_systemd_service_restart_total", {**target["node"], "name": units["unit_prefill"]}, "0x20")],
          [("15m", [])])
     return out

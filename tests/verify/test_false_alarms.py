@@ -34,7 +34,7 @@ def metrics_text(state: int, failures: int = 0) -> str:
             f'smg_worker_cb_consecutive_failures{{worker="http://127.0.0.1:2"}} {failures}\n')
 
 
-def router(chat_status: int = 200, readiness_body: bytes | None = None):
+def router(chat_status: int = 200, readiness_body: bytes | None = None, code: str = "server_selection_failed"):
     """A fake router: /readiness, /workers, chat (plain and SSE)."""
     def handler(req, body):
         if req.path == "/readiness":
@@ -43,7 +43,7 @@ def router(chat_status: int = 200, readiness_body: bytes | None = None):
             return 200, WORKERS
         if req.path == "/v1/chat/completions":
             if chat_status != 200:
-                return chat_status, {"error": {"code": "server_selection_failed", "message": "no worker"}}
+                return chat_status, {"error": {"code": code, "message": "no worker"}}
             return chat_reply(body, "Paris OK", 2)
         return 404, {}
     return fake_server(handler)
@@ -77,6 +77,16 @@ def test_open_circuit_fails_only_when_completions_fail_and_the_hint_has_the_plan
     hint = checks["completion"].hint
     assert "http://127.0.0.1:2 (open, 10 consecutive failures)" in hint
     assert "for 5 s (cb_timeout_duration_secs in the plan" in hint and "60" not in hint
+
+
+# the code each router package answers when it has no usable pair: sglang-router 0.3.2's, smg's
+@pytest.mark.parametrize("code", ["server_selection_failed", "no_available_workers"])
+def test_no_usable_pair_points_at_the_router_check(code):
+    with router(chat_status=503, code=code) as base:
+        rep = verify(_run(base))
+    checks = {c.id: c for c in rep.checks}
+    assert checks["completion"].status == FAIL
+    assert checks["completion"].hint == "the router has no healthy worker pair: see router"
 
 
 def test_open_circuit_with_completions_served_passes():

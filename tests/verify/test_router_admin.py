@@ -34,10 +34,10 @@ def launched_node(d: Path, client_key: str | None) -> Iterator[Any]:
     from node import standin_node
 
     with standin_node(d, api_key=client_key, router=False) as node:
-        plan = plan_for(node)
+        plan = plan_for(node, pdnode_router_package="sglang-router")
         router = dict(plan["services"]["router"]["args"], worker_startup_check_interval=1, shutdown_grace_period_secs=1)
         (d / "router.json").write_text(json.dumps(router))
-        argv = [sys.executable, "-m", "pdnode.router_launch", str(d / "router.json"),
+        argv = [sys.executable, "-m", "pdnode.router_launch", str(d / "router.json"), "--router-package", "sglang-router",
                 "--admin-key-file", key_file(d, "router-admin-key", ADMIN)]
         if client_key:
             argv += ["--api-key-file", key_file(d, "api-key", client_key)]

@@ -1,7 +1,9 @@
 """playbooks/upgrade.yml on the scenario's node, from the controller, with real packages
-from the wheelhouse: sglang-router 0.3.2 -> smg 1.13.0 (upgraded), then a bad release
-that fails verification and rolls back by itself (the node serving smg after), and an
-upgrade back to 0.3.2 killed mid-switch whose re-run ends on one release. Ends on
+from the wheelhouse. The node starts on the default router, smg 1.13.0: an upgrade to
+sglang-router 0.3.2 (upgraded), then back to smg killed mid-switch whose re-run ends on
+one release, then a bad release that fails verification and rolls back by itself (the
+node serving smg after). After each, the router process that runs is the package the
+release names (its Rust extension is mapped into the process) and verify passed. Ends on
 the scenario's own description (playbooks/deploy.yml), as converge left it.
 
 The bad release: the stand-in has no broken versions to install, so the bad release is a
@@ -71,6 +73,17 @@ def exec_python(host, unit: str) -> str:
     return out.split("path=", 1)[1].split(" ", 1)[0]
 
 
+# The router package whose Rust extension a process has mapped (what really runs, whatever
+# its command line says).
+EXTENSIONS = {"smg": "/smg_rs.", "sglang-router": "/sglang_router_rs."}
+
+
+def router_running(host) -> list[str]:
+    pid = host.check_output(f"systemctl show -p MainPID --value {PREFIX}-router.service")
+    maps = host.check_output(f"cat /proc/{pid}/maps")
+    return sorted(package for package, so in EXTENSIONS.items() if so in maps)
+
+
 @pytest.fixture(scope="module")
 def versions(inventory, tmp_path_factory):
     """An inventory per release: the scenario's host_vars with other versions."""
@@ -79,7 +92,7 @@ def versions(inventory, tmp_path_factory):
     base = yaml.safe_load((inventory / "host_vars" / f"{CONTAINER}.yml").read_text()) or {}
     cu13 = BY_NAME["pdnode_mooncake_cuda13_version"].default
     out = {}
-    for name, over in {"smg": {"pdnode_router_package": "smg"},
+    for name, over in {"sglang-router": {"pdnode_router_package": "sglang-router"},
                        "bad": {"pdnode_router_package": "smg", "pdnode_mooncake_cuda13_version": cu13 + ".post1"}}.items():
         inv = tmp_path_factory.mktemp(f"inv-{name}")
         (inv / "host_vars").mkdir()
@@ -93,27 +106,61 @@ def versions(inventory, tmp_path_factory):
     assert back.returncode == 0, back.stdout[-4000:] + back.stderr[-2000:]
 
 
-def test_upgrade_sglang_router_to_smg(host, versions):
-    old, new = release("sglang-router", versions["cu13"]), release("smg", versions["cu13"])
+def test_upgrade_smg_to_sglang_router(host, versions):
+    old, new = release("smg", versions["cu13"]), release("sglang-router", versions["cu13"])
     assert exec_python(host, f"{PREFIX}-router.service") == f"{old}/bin/python"
+    assert router_running(host) == ["smg"]
     t0 = time.monotonic()
-    proc = playbook(versions["smg"], "upgrade.yml")
-    print(f"upgrade 0.3.2 -> smg: {time.monotonic() - t0:.1f} s")
+    proc = playbook(versions["sglang-router"], "upgrade.yml")
+    print(f"upgrade smg -> 0.3.2: {time.monotonic() - t0:.1f} s")
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
     report = json.loads(REPORT.read_text())
     print(json.dumps({k: report[k] for k in ("steps", "failed_requests", "longest_outage_s")}))
     assert report["schema"] == "pdnode.upgrade/1" and report["outcome"] == "upgraded"
-    assert report["from"]["pdnode_router_package"] == "sglang-router" and report["to"]["pdnode_router_package"] == "smg"
+    assert report["from"]["pdnode_router_package"] == "smg" and report["to"]["pdnode_router_package"] == "sglang-router"
     assert report["verify"]["verify"] == {"passed": True, "failed_checks": []}
     assert report["probe"]["requests"] > 0 and report["longest_outage_s"] is not None
     for unit in UNITS:
         assert exec_python(host, unit) == f"{new}/bin/python", unit
-    pid = host.check_output(f"systemctl show -p MainPID --value {PREFIX}-router.service")
-    assert "smg" in host.file(f"/proc/{pid}/cmdline").content_string
+    assert router_running(host) == ["sglang-router"]
     record = host.file(RECORD)
     assert (record.user, record.mode) == ("root", 0o600)
     doc = json.loads(host.check_output(f"cat {RECORD}"))
     assert (doc["serving"]["venv"], doc["previous"]["venv"], doc["switching_to"]) == (new, old, None)
+
+
+def test_interrupted_upgrade_back_to_smg_rerun_ends_on_one_release(host, versions, inventory):
+    """Killed (SIGKILL, the whole controller process group) while the engines restart,
+    then the same command again: one release, verified, recorded."""
+    smg, old = release("smg", versions["cu13"]), release("sglang-router", versions["cu13"])
+    proc = subprocess.Popen(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "upgrade.yml")],
+                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
+    seen = ""
+    for line in proc.stdout:
+        seen += line
+        if "RUNNING HANDLER [pd_services : Restart the changed engines" in line:
+            break
+    os.killpg(proc.pid, 9)
+    proc.wait(timeout=60)
+    assert "Restart the changed engines" in seen, seen[-3000:]
+    doc = json.loads(host.check_output(f"cat {RECORD}"))
+    assert (doc["serving"]["venv"], doc["switching_to"]["venv"]) == (old, smg)
+    t0 = time.monotonic()
+    again = playbook(inventory, "upgrade.yml")
+    print(f"re-run of the interrupted upgrade 0.3.2 -> smg: {time.monotonic() - t0:.1f} s")
+    assert again.returncode == 0, again.stdout[-5000:] + again.stderr[-2000:]
+    report = json.loads(REPORT.read_text())
+    assert report["outcome"] == "upgraded"
+    assert (report["from_venv"], report["to_venv"]) == (old, smg)
+    assert report["to"]["pdnode_router_package"] == "smg"
+    assert report["verify"]["verify"] == {"passed": True, "failed_checks": []}
+    for unit in UNITS:
+        assert exec_python(host, unit) == f"{smg}/bin/python", unit
+        assert host.service(unit).is_running, unit
+    assert router_running(host) == ["smg"]
+    doc = json.loads(host.check_output(f"cat {RECORD}"))
+    assert (doc["serving"]["venv"], doc["previous"]["venv"], doc["switching_to"]) == (smg, old, None)
+    assert not host.service(f"{PREFIX}-upgrade-probe.service").is_running
 
 
 def test_bad_release_rolls_back_by_itself(host, versions):
@@ -139,38 +186,8 @@ def test_bad_release_rolls_back_by_itself(host, versions):
     for unit in UNITS:
         assert exec_python(host, unit) == f"{good}/bin/python", unit
         assert host.service(unit).is_running, unit
+    assert router_running(host) == ["smg"]
     status, text = host.check_output(f"python3 -c '{COMPLETION}'").split(" ", 1)
     assert status == "200" and "Paris" in text
     doc = json.loads(host.check_output(f"cat {RECORD}"))
     assert (doc["serving"]["venv"], doc["failed"]["venv"], doc["switching_to"]) == (good, bad, None)
-
-
-def test_interrupted_upgrade_rerun_ends_on_one_release(host, versions, inventory):
-    """Killed (SIGKILL, the whole controller process group) while the engines restart,
-    then the same command again: one release, verified, recorded."""
-    smg, old = release("smg", versions["cu13"]), release("sglang-router", versions["cu13"])
-    proc = subprocess.Popen(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "upgrade.yml")],
-                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
-    seen = ""
-    for line in proc.stdout:
-        seen += line
-        if "RUNNING HANDLER [pd_services : Restart the changed engines" in line:
-            break
-    os.killpg(proc.pid, 9)
-    proc.wait(timeout=60)
-    assert "Restart the changed engines" in seen, seen[-3000:]
-    doc = json.loads(host.check_output(f"cat {RECORD}"))
-    assert (doc["serving"]["venv"], doc["switching_to"]["venv"]) == (smg, old)
-    t0 = time.monotonic()
-    again = playbook(inventory, "upgrade.yml")
-    print(f"re-run of the interrupted upgrade: {time.monotonic() - t0:.1f} s")
-    assert again.returncode == 0, again.stdout[-5000:] + again.stderr[-2000:]
-    report = json.loads(REPORT.read_text())
-    assert report["outcome"] == "upgraded"
-    assert (report["from_venv"], report["to_venv"]) == (smg, old)
-    for unit in UNITS:
-        assert exec_python(host, unit) == f"{old}/bin/python", unit
-        assert host.service(unit).is_running, unit
-    doc = json.loads(host.check_output(f"cat {RECORD}"))
-    assert (doc["serving"]["venv"], doc["previous"]["venv"], doc["switching_to"]) == (old, smg, None)
-    assert not host.service(f"{PREFIX}-upgrade-probe.service").is_running

@@ -17,7 +17,8 @@ def error_hint(resp: Response, ctx: Ctx) -> str:
     if resp.status is None and resp.error_kind == "timeout":
         return (f"no answer in {ctx.limit():.0f} s: PD requests hang when decode cannot reach the bootstrap server or "
                 "the KV cache never arrives (see bootstrap and disaggregation); " + RUNBOOK + "#completion")
-    if "server_selection_failed" in text:
+    # the same condition in each router package: sglang-router 0.3.2's code, smg's
+    if "server_selection_failed" in text or "no_available_workers" in text:
         return "the router has no healthy worker pair: see router"
     if "waitingforinput" in text or "transfer" in text:
         return ("the KV cache did not reach decode (SGLANG_DISAGGREGATION_WAITING_TIMEOUT expired or the transfer "
