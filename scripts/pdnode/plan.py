@@ -415,7 +415,8 @@ def _check_router(c: _Checker, v: dict[str, Any], allow: set[str]) -> None:
     if package == "smg" and v["pdnode_router_policy"] == "cache_aware" and choices > 1:
         # measured (docs/smg.md): smg 1.13 retries on the same dead prefill and charges the
         # decode's breaker too; 2P1D answered 503 for 180 s, until its health checks dropped it.
-        # No smg setting was measured to prevent it, so the pair is refused, not warned about.
+        # No smg setting was measured to prevent it under load (a 1 s / 1-failure health check
+        # only races the breaker: docs/smg.md), so the pair is refused, not warned about.
         c.error("router-smg-cache-aware", "pdnode_router_policy", "cache_aware",
                 "with smg 1.13 and several prefills or decodes, one dead instance fails requests and can take "
                 "the node down for minutes (retries stay on the dead prefill and open the decode's breaker: "

@@ -9,7 +9,7 @@ then requests. sglang-router 0.3.2 loses no request here.
   the other prefill is alive (2 x 502 in every run); in some runs the decode's breaker
   opens too and the node answers 503 past the circuit-open time (docs/smg.md). This one
   asserts the defect: when it fails, smg fixed it, and docs/smg.md and the plan's
-  warning (router-smg-cache-aware) can go.
+  refusal (router-smg-cache-aware) can go.
 """
 
 from __future__ import annotations
@@ -112,4 +112,4 @@ def test_cache_aware_retries_stay_on_the_dead_prefill(tmp_path):
         print(f"smg cache_aware, 2P1D, 20 requests after a kill -9 of one prefill: {dict(right_after)}")
         assert failed >= 2, (
             f"smg now moves cache_aware retries off a dead prefill ({dict(right_after)}): update docs/smg.md and "
-            "drop the plan's router-smg-cache-aware warning")
+            "drop the plan's router-smg-cache-aware refusal")
