@@ -22,5 +22,10 @@ def promtool() -> str:
 
 
 def plan_of(name: str) -> dict[str, Any]:
+    """The plan of inventories/NAME; NAME+PACKAGE: with that router package (smg is the default)."""
+    name, _, package = name.partition("+")
     hv = load_inventory(ROOT / "inventories" / name)
-    return build_plan(hv.variables, hv.host).as_dict()
+    variables = dict(hv.variables, **({"pdnode_router_package": package} if package else {}))
+    plan = build_plan(variables, hv.host).as_dict()
+    assert plan["install"]["router_package"] == (package or "smg")
+    return plan

@@ -22,7 +22,9 @@ from pdnode.inventory import load_inventory
 from pdnode.plan import build_plan
 from promplans import ROOT, plan_of, promtool
 
-INVENTORIES = ["demo", "gpu01"]
+# the router package's too: smg (the default) and sglang-router export the same smg_* names
+# (tests/verify/test_router_metric_names.py scrapes both), so the rules must hold for both
+INVENTORIES = ["demo", "gpu01", "demo+sglang-router"]
 RUNBOOK = ROOT / "docs" / "runbooks" / "alerts.md"
 
 
