@@ -151,11 +151,11 @@ def test_restart_coupling_follows_the_number_of_prefills(demo_vars):
     assert one["prefill-0"]["upholds"] == [one["decode-0"]["unit"]] and one["prefill-0"]["restart_delay_s"] is None
     two = _plan(demo_vars, pdnode_prefill_instances=[{"gpus": [0, 1]}, {"gpus": [2, 3]}])["services"]
     assert two["decode-0"]["bound_to"] is None and two["prefill-0"]["upholds"] == []
-    # a prefill stays down until every decode's heartbeats dropped it: 5 s x (2 + 1)
-    assert two["prefill-0"]["restart_delay_s"] == two["prefill-1"]["restart_delay_s"] == 15
+    # a prefill stays down until every decode's heartbeats dropped it: 5 s x 2 failed checks + 1 s
+    assert two["prefill-0"]["restart_delay_s"] == two["prefill-1"]["restart_delay_s"] == 11
     slow = _plan(demo_vars, pdnode_prefill_instances=[{"gpus": [0, 1]}, {"gpus": [2, 3]}],
                  pdnode_disagg_heartbeat_interval_s=7, pdnode_disagg_heartbeat_max_failure=3)["services"]
-    assert slow["prefill-1"]["restart_delay_s"] == 28
+    assert slow["prefill-1"]["restart_delay_s"] == 22  # 7 x 3 + 1
     # the engines get the same heartbeat the coupling waits for
     assert slow["decode-0"]["environment"]["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"] == "7"
     assert slow["prefill-0"]["environment"]["SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"] == "3"

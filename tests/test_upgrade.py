@@ -143,6 +143,47 @@ def test_probe_process_reads_the_key_file_and_reports_on_sigterm(tmp_path):
     assert out.stat().st_mode & 0o777 == 0o600
 
 
+def test_probe_clients_stream_and_a_cut_stream_fails(tmp_path):
+    """--clients 2 --stream: one loop streams; a stream without its [DONE] counts as failed."""
+    seen: list[bool] = []
+    lock = threading.Lock()
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                streams = [x for x in seen if x]
+                seen.append(bool(body.get("stream")))
+            self.send_response(200)
+            self.end_headers()
+            if body.get("stream"):  # the first stream is cut: no [DONE]
+                self.wfile.write(b'data: {"choices": []}\n\n' + (b"data: [DONE]\n\n" if streams else b""))
+            else:
+                self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out = tmp_path / "probe.json"
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts/pdnode/upgrade_probe.py"), "--url",
+                             f"http://127.0.0.1:{server.server_port}", "--model", "demo", "--out", str(out),
+                             "--interval", "0.05", "--timeout", "120", "--clients", "2", "--stream"])
+    try:
+        deadline = time.monotonic() + 120  # a few seconds on a quiet machine
+        while sum(seen) < 3 or len(seen) - sum(seen) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, (proc.returncode, seen)
+            time.sleep(0.05)
+        proc.terminate()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        server.shutdown()
+    r = json.loads(out.read_text())
+    assert r["requests"] == len(seen) and r["failed"] == r["codes"]["-1"] == 1, r
+    assert r["first_failures"][0]["error"].startswith("stream cut")
+
+
 def test_probe_unreadable_key_file_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts/pdnode/upgrade_probe.py"), "--url", "http://127.0.0.1:1",
                            "--model", "m", "--out", str(tmp_path / "o"), "--key-file", str(tmp_path / "none")],

@@ -72,6 +72,9 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_disagg_heartbeat_interval_s", "float", 5.0, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (at least 2): "
        "with the next, how soon a decode drops a dead prefill (the plan's restart coupling waits that long)"),
     _F("pdnode_disagg_heartbeat_max_failure", "int", 2, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (at least 1)"),
+    _F("pdnode_drain_timeout_s", "int", 300, "before a planned stop (deploy, upgrade, playbooks/restart.yml) an "
+       "instance leaves the router and the stop waits until its requests are done, at most this long (then it "
+       "stops anyway, and says how many were left; docs/decisions.md, \"Drain before a planned stop\")"),
     _F("pdnode_kv_prompt_tokens", "int", 4000, "prompt size (tokens) for which check, explain and plan state what "
        "the KV hand-off adds to TTFT"),
     _F("pdnode_model_kv_bytes_per_token", "int_or_none", None, "the model's KV cache bytes per token (bf16: 2 x layers "

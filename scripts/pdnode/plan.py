@@ -317,6 +317,9 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     if isinstance(v["pdnode_gpu_count"], int) and v["pdnode_gpu_count"] < 1:
         c.error("gpu-count-positive",
                 "pdnode_gpu_count", v["pdnode_gpu_count"], "must be at least 1", "set the number of GPUs of the host")
+    if isinstance(v["pdnode_drain_timeout_s"], int) and v["pdnode_drain_timeout_s"] < 1:
+        c.error("drain-timeout-positive", "pdnode_drain_timeout_s", v["pdnode_drain_timeout_s"],
+                "must be at least 1 (seconds a planned stop waits for the instance's requests)", "use e.g. 300")
     for name in ("pdnode_sim_prefill_ms_per_token", "pdnode_sim_decode_ms_per_token", "pdnode_sim_startup_s",
                  "pdnode_sim_decode_ms_per_request", "pdnode_sim_max_running_per_rank", "pdnode_sim_kv_bytes_per_token"):
         floor = 1 if BY_NAME[name].kind == "int" else 0
@@ -661,10 +664,19 @@ def _couple(services: dict[str, dict[str, Any]], environment: dict[str, str], co
         p["restart_delay_s"] = heartbeat_detection_s(environment)
 
 
+# The time one round of a decode's heartbeat checks takes beyond its interval: each check
+# of a stopped prefill is a refused connection (milliseconds); one second covers the
+# checks of the other, live prefills and the thread's scheduling.
+HEARTBEAT_SLACK_S = 1.0
+
+
 def heartbeat_detection_s(environment: dict[str, str]) -> int:
-    """Seconds after which every decode has dropped a dead prefill: SGLang's heartbeat
-    interval (SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL, default 5 s, at least 2) times one
-    more than the failures it needs (..._HEARTBEAT_MAX_FAILURE, default 2, at least 1)."""
+    """Seconds after which every decode has dropped a stopped prefill (docs/decisions.md,
+    "When a decode drops a stopped prefill"): SGLang 0.5.23's decode checks each prefill
+    it knows every SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (default 5 s, at least 2) and
+    drops it at the ..._HEARTBEAT_MAX_FAILURE-th failed check in a row (default 2, at
+    least 1): at most interval x failures after the stop, plus the checks' own time (a
+    refused connection fails at once; HEARTBEAT_SLACK_S covers scheduling), rounded up."""
     def number(name: str, default: float, floor: float) -> float:
         try:
             return max(floor, float(environment.get(name, default)))
@@ -672,7 +684,7 @@ def heartbeat_detection_s(environment: dict[str, str]) -> int:
             return default
     interval = number("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0, 2.0)
     failures = number("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2.0, 1.0)
-    return int(-(-interval * (int(failures) + 1) // 1))
+    return int(-(-(interval * int(failures) + HEARTBEAT_SLACK_S) // 1))
 
 
 def _router_service(v: dict[str, Any], engines: dict[str, dict[str, Any]], install: dict[str, str],

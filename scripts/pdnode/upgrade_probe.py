@@ -6,6 +6,11 @@ systemd unit, so it outlives the Ansible tasks between the start and the stop of
 upgrade and does not depend on either release's virtualenv.
 
     python3 upgrade_probe.py --url URL --model NAME --out FILE [--key-file F] [--interval 0.1]
+                             [--clients N] [--stream]
+
+--clients N runs N such loops at once; with --stream every second one streams, and a
+stream that ends without its `data: [DONE]` counts as failed (code -1, "stream cut"): the
+load of the drain measurements (docs/measurements.md).
 
 The API key is read from --key-file (never from argv). SIGTERM (systemctl stop) ends the
 loop; the result is written to FILE all-or-nothing as one JSON object:
@@ -21,6 +26,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -46,8 +52,13 @@ class Tally:
         self.samples: list[dict] = []
         self._last_ok = started
         self._gap = (0.0, started)  # (length, start) of the longest stretch without a 200
+        self._lock = threading.Lock()  # --clients: several loops record
 
     def record(self, ended: float, code: int, error: str = "") -> None:
+        with self._lock:
+            self._record(ended, code, error)
+
+    def _record(self, ended: float, code: int, error: str) -> None:
         self.requests += 1
         self.codes[str(code)] = self.codes.get(str(code), 0) + 1
         if code == 200:
@@ -78,15 +89,20 @@ class Tally:
         }
 
 
-def one_request(url: str, model: str, key: str, timeout: float) -> tuple[int, str]:
-    body = json.dumps({"model": model, "prompt": "upgrade probe", "max_tokens": 1, "temperature": 0}).encode()
+def one_request(url: str, model: str, key: str, timeout: float, stream: bool = False) -> tuple[int, str]:
+    payload = {"model": model, "prompt": "upgrade probe", "max_tokens": 4 if stream else 1, "temperature": 0}
+    if stream:
+        payload["stream"] = True
+    body = json.dumps(payload).encode()
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = "Bearer " + key
     req = urllib.request.Request(url.rstrip("/") + "/v1/completions", body, headers)  # noqa: S310 - http(s) only
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - main() allows http(s) only
-            resp.read()
+            text = resp.read()
+            if stream and b"data: [DONE]" not in text:
+                return -1, "stream cut: " + text[-120:].decode(errors="replace")
             return resp.status, ""
     except urllib.error.HTTPError as exc:
         return exc.code, str(exc.reason)
@@ -112,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between request starts")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds one request may take")
     ap.add_argument("--max-seconds", type=float, default=3600.0, help="stop by itself after this long")
+    ap.add_argument("--clients", type=int, default=1, help="loops at once (each at --interval)")
+    ap.add_argument("--stream", action="store_true", help="every second loop streams (a cut stream fails)")
     args = ap.parse_args(argv)
     if not args.url.startswith(("http://", "https://")):
         print(f"--url {args.url!r}: must start with http:// or https://", file=sys.stderr)
@@ -129,13 +147,23 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.__setitem__(0, True))
     tally = Tally(time.monotonic(), time.time())
     deadline = tally.started + args.max_seconds
-    while not stop[0] and time.monotonic() < deadline:
-        began = time.monotonic()
-        code, error = one_request(args.url, args.model, key, args.timeout)
-        tally.record(time.monotonic(), code, error)
-        pause = args.interval - (time.monotonic() - began)
-        if pause > 0 and not stop[0]:
-            time.sleep(pause)
+
+    def loop(stream: bool) -> None:
+        while not stop[0] and time.monotonic() < deadline:
+            began = time.monotonic()
+            code, error = one_request(args.url, args.model, key, args.timeout, stream)
+            tally.record(time.monotonic(), code, error)
+            pause = args.interval - (time.monotonic() - began)
+            if pause > 0 and not stop[0]:
+                time.sleep(pause)
+
+    threads = [threading.Thread(target=loop, args=(args.stream and k % 2 == 1,), daemon=True)
+               for k in range(1, max(args.clients, 1))]
+    for t in threads:
+        t.start()
+    loop(False)
+    for t in threads:
+        t.join(args.timeout + 5)
     write_atomic(args.out, tally.result(time.monotonic()))
     return 0
 

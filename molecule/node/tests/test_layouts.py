@@ -7,7 +7,9 @@ from those measurements; units are added and removed (none orphaned) and only wh
 changed restarts; the router registers every prefill; verify proves both prefills; a
 kill -9 of one of two prefills under steady load costs a bounded number of requests
 while the other prefill and the decode keep serving (docs/decisions.md, "Restart
-coupling"). Ends on the scenario's own description.
+coupling"); on 2P1D, playbooks/restart.yml drains a prefill through the router under
+steady load without a failed request, and a restart killed at each boundary of the
+drain is put back by the next run (issue 18). Ends on the scenario's own description.
 
 The planner's accuracy (the issue's goal: within 15% of what bench then measures) is a
 benchmark, not an assertion: the error is printed (`pytest -s`) and recorded with its
@@ -270,6 +272,155 @@ def test_kill_9_of_one_prefill_under_load(host, layouts):
     assert host.check_output(f"systemctl show -p MainPID --value {decode}") == decode_pid
     new = host.check_output(f"systemctl show -p MainPID --value {victim}")
     assert new not in ("0", pid)
+
+
+# Steady load for the drain tests, on the host: CLIENTS threads, half streaming, each
+# answer counted until STOP exists; a failure is a non-200, a broken connection, or a
+# stream that ends without its [DONE] (cut midway).
+DRAIN_LOAD = r"""
+import json, os, sys, threading, time, urllib.request
+url, key, stop, clients = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+ok, failed, errors, lock = [0], [0], [], threading.Lock()
+def one(stream):
+    body = json.dumps({"model": "demo-moe", "prompt": "drain load " * 16, "max_tokens": 8, "stream": stream}).encode()
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            text = resp.read().decode()
+            if stream and "data: [DONE]" not in text:
+                return "stream cut: " + text[-100:]
+            return None
+    except urllib.error.HTTPError as exc:
+        return "HTTP %d" % exc.code
+    except Exception as exc:
+        return "connection: %s" % exc
+def run(stream):
+    while not os.path.exists(stop):
+        err = one(stream)
+        with lock:
+            if err is None:
+                ok[0] += 1
+            else:
+                failed[0] += 1
+                errors.append(err)
+threads = [threading.Thread(target=run, args=(k % 2 == 0,)) for k in range(clients)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps({"ok": ok[0], "failed": failed[0], "errors": errors[:10]}))
+"""
+DRAIN_LOAD_CLIENTS = 4
+
+
+def router_workers(host) -> dict[str, bool]:
+    """url -> healthy, as the router lists its workers (read with the admin key on the host)."""
+    admin = host.check_output("cat /etc/sglang-pd/router-admin-key")
+    body = host.check_output(f"curl -sS --max-time 10 -H 'Authorization: Bearer {admin}' "
+                             "http://127.0.0.1:8000/workers")
+    return {w["url"]: w.get("is_healthy", True) for w in json.loads(body)["workers"]}
+
+
+PLANNED_2P1D = {"http://127.0.0.1:30000", "http://127.0.0.1:30010", "http://127.0.0.1:30001"}
+
+
+def wait_all_workers_healthy(host, deadline_s: float = 300):
+    end = time.monotonic() + deadline_s  # ends once the router lists them healthy (seconds)
+    while True:
+        got = router_workers(host)
+        if set(got) == PLANNED_2P1D and all(got.values()):
+            return
+        assert time.monotonic() < end, got
+        time.sleep(1)
+
+
+def restart(inventory: Path, instance: str, kill_before: str | None = None, log: Path | None = None):
+    env = _env()
+    if kill_before is not None:
+        env.update(ANSIBLE_CALLBACK_PLUGINS=str(REPO / "molecule" / "node" / "plugins" / "callback"),
+                   ANSIBLE_CALLBACKS_ENABLED="pdnode_kill_after", PDNODE_KILL_BEFORE=kill_before,
+                   PDNODE_KILL_LOG=str(log or os.devnull))
+    return subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "restart.yml"),
+                           "-e", f"pdnode_restart={instance}"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_restart_of_a_prefill_under_load_drops_no_request(host, layouts):
+    """playbooks/restart.yml drains prefill-1 through the router (issue 18): under steady
+    load, streaming and not, no request fails; its process is new; it is back."""
+    wait_all_workers_healthy(host)  # prefill-0 came back from the kill -9 above
+    unit = f"{PREFIX}-prefill-1.service"
+    pid = host.check_output(f"systemctl show -p MainPID --value {unit}")
+    script = base64.b64encode(DRAIN_LOAD.encode()).decode()
+    host.check_output(f"echo {script} | base64 -d > /var/tmp/pdnode-drain-load.py; "
+                      "rm -f /var/tmp/pdnode-drain-load.json /var/tmp/pdnode-drain-load.stop")
+    host.check_output(f"nohup python3 /var/tmp/pdnode-drain-load.py http://127.0.0.1:8000/v1/completions {KEY} "
+                      f"/var/tmp/pdnode-drain-load.stop {DRAIN_LOAD_CLIENTS} > /var/tmp/pdnode-drain-load.json "
+                      "2>/dev/null &")
+    try:
+        t0 = time.monotonic()
+        proc = restart(layouts["2P1D"], "prefill-1")
+        print(f"restart.yml prefill-1 under load: {time.monotonic() - t0:.1f} s")
+    finally:
+        host.check_output("touch /var/tmp/pdnode-drain-load.stop")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    end = time.monotonic() + 120  # the clients finish their last request (a second)
+    while not host.run("test -s /var/tmp/pdnode-drain-load.json").succeeded:
+        assert time.monotonic() < end
+        time.sleep(0.5)
+    result = json.loads(host.check_output("cat /var/tmp/pdnode-drain-load.json"))
+    print(f"restart.yml of prefill-1 under load ({DRAIN_LOAD_CLIENTS} clients, half streaming): {result}")
+    assert result["failed"] == 0 and result["ok"] > 0, result
+    assert "prefill-1 left the router" in proc.stdout and "prefill-1 returned to the router" in proc.stdout
+    assert "prefill-1 changed in " in proc.stdout
+    assert host.check_output(f"systemctl show -p MainPID --value {unit}") not in ("0", pid)
+    wait_all_workers_healthy(host, 60)
+
+
+def test_restart_refuses_an_unknown_instance_in_one_line(layouts):
+    proc = restart(layouts["2P1D"], "prefill-7")
+    assert proc.returncode != 0
+    assert "pdnode_restart=prefill-7 names no instance of the plan; use -e pdnode_restart=ID with one of: all, " \
+        "prefill-0, prefill-1, decode-0" in proc.stdout, proc.stdout[-3000:]
+
+
+# One boundary per state an interrupted drain leaves (the task that then never starts):
+# out of the router and running; out and stopped; restarted but not back. PDNODE_KILL_ALL=1:
+# every task boundary of roles/pd_services/tasks/restart_engine.yml.
+DRAIN_KILL_BEFORE = [
+    "pd_services : Show when the instance left the router",
+    "pd_services : Wait until every decode's heartbeats have dropped it",
+    "pd_services : Put the instance back into the router",
+]
+
+
+def test_an_interrupted_drain_is_put_back_by_the_next_run(host, layouts, tmp_path):
+    """Kill restart.yml at each boundary of the drain; the next run (restart.yml, or the
+    deploy for the stopped case) leaves every planned worker in the router, healthy, and
+    every unit running. While one is left out, verify FAILs naming it."""
+    boundaries = DRAIN_KILL_BEFORE
+    if os.environ.get("PDNODE_KILL_ALL") == "1":
+        log = tmp_path / "all.log"
+        assert restart(layouts["2P1D"], "prefill-1", kill_before="", log=log).returncode == 0
+        names = log.read_text().splitlines()
+        first = names.index("pd_services : Start the change of the instance")
+        boundaries = names[first + 1:]
+    for n, name in enumerate(boundaries):
+        log = tmp_path / f"kill-{n}.log"
+        killed = restart(layouts["2P1D"], "prefill-1", kill_before=name, log=log)
+        assert killed.returncode == 99 and name in log.read_text(), (name, killed.stdout[-3000:])
+        if n == 0:
+            assert "http://127.0.0.1:30010" not in router_workers(host)
+            proc = playbook(layouts["2P1D"], "verify.yml")
+            report = json.loads((REPO / ".cache" / "verify" / f"{CONTAINER}.json").read_text())
+            router = {c["id"]: c for c in report["checks"]}["router"]
+            assert proc.returncode != 0 and router["status"] == "FAIL", router
+            assert "prefill-1 http://127.0.0.1:30010 (bootstrap 8999) not listed" in router["evidence"], router
+        # the stopped prefill comes back with the deploy; the others with the next restart
+        again = playbook(layouts["2P1D"], "deploy.yml") if "heartbeats" in name else restart(layouts["2P1D"],
+                                                                                            "prefill-1")
+        assert again.returncode == 0, f"re-run after a kill before {name!r}:\n{again.stdout[-4000:]}"
+        for unit in ("prefill-0", "prefill-1", "decode-0", "router"):
+            assert host.service(f"{PREFIX}-{unit}.service").is_running, (name, unit)
+        wait_all_workers_healthy(host, 60)
 
 
 def test_redeploy_1p2d_and_planner_predicts_it(host, layouts, tmp_path):

@@ -60,12 +60,28 @@ def compare_workers(ctx: Ctx, workers: list[Any]) -> Workers:
     return out
 
 
+LEFT_OUT_HINT = ("a planned worker the router does not list was taken out (a drain before a planned stop, "
+                 "interrupted?): playbooks/deploy.yml or playbooks/restart.yml puts it back once its engine is ready "
+                 "(pdnode.drain reconcile)")
+
+
 def check_router(ctx: Ctx) -> Result:
     base = ctx.t.router_url
     ready = ctx.get(base + "/readiness", auth=False)
     if not ready.reached:
         return Result(FAIL, f"{base}/readiness: {ready.short()}", conn_hint(ready, "the router", ctx, "router"))
     if not ready.ok:
+        # A planned worker missing from the list (a drain taken out and never put back) is
+        # named here too: the router is not ready without it.
+        found = None
+        if ctx.admin_key:
+            listing = ctx.get(base + "/workers", headers=ctx.admin_headers())
+            body = listing.json() if listing.ok else None
+            if isinstance(body, dict) and isinstance(body.get("workers"), list):
+                found = compare_workers(ctx, body["workers"])
+        if found is not None and found.problems:
+            return Result(FAIL, f"{base}/readiness: {ready.short()}; /workers: " + "; ".join(found.problems),
+                          LEFT_OUT_HINT)
         return Result(FAIL, f"{base}/readiness: {ready.short()}",
                       "the router has no healthy prefill+decode pair: a worker is down or failed registration "
                       "(the router gives up after worker_startup_timeout_secs): check prefill/decode above, then "
@@ -130,7 +146,7 @@ def check_router(ctx: Ctx) -> Result:
     evidence = f"{base}: /readiness 200{listed}{metrics_note}"
     if problems:
         return Result(FAIL, f"{base}: " + "; ".join(problems),
-                      hint or "the router's workers differ from the plan: redeploy so router.json matches, or "
+                      hint or f"{LEFT_OUT_HINT}; a worker the plan lacks: redeploy so router.json matches, or "
                               f"restart the router; {unit_hint(ctx, 'router')}")
     return Result(PASS, evidence)
 

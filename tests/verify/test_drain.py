@@ -1,0 +1,274 @@
+"""pdnode.drain against the REAL routers (sglang-router 0.3.2 and smg 1.13.0, started by
+pdnode.router_launch as the unit starts them) in front of stand-in engines on loopback
+(issue 18): an instance leaves the router, its requests finish, it can stop without a
+failed request, it comes back; a worker an interrupted drain left out is put back, and
+the verifier names it while it is out.
+
+Counts and orderings only (no durations): requests under load all succeed; the drain
+returns after the stream the engine held has ended; the router lists what it should.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from routerproc import REPO, key_file, router_process
+from test_router_admin import ADMIN as ADMIN_0_3_2
+from test_router_smg import ADMIN as ADMIN_SMG
+from test_router_smg import _require_smg
+
+pytestmark = pytest.mark.integration
+
+ADMIN = "adm-drain:with-colons:5a"
+CLIENT = "sk-client-d7a1"
+PACKAGES = ["sglang-router", "smg"]
+
+
+@contextlib.contextmanager
+def node_2p2d(d: Path, package: str) -> Iterator[dict[str, Any]]:
+    """Two stand-in pairs behind one real router: prefills a, b; decodes a, b."""
+    from node import free_ports, standin_node
+
+    if package == "smg":
+        _require_smg()
+    with standin_node(d / "a", router=False, api_key=CLIENT) as a, \
+            standin_node(d / "b", router=False, api_key=CLIENT) as b:
+        rp, mp = free_ports(2)
+        router = {"pd_disaggregation": True, "prefill": [[a.prefill_url, a.ports["bootstrap"]],
+                                                         [b.prefill_url, b.ports["bootstrap"]]],
+                  "decode": [a.decode_url, b.decode_url], "host": "127.0.0.1", "port": rp,
+                  "prometheus_host": "127.0.0.1", "prometheus_port": mp, "policy": "round_robin",
+                  "worker_startup_check_interval": 1, "shutdown_grace_period_secs": 1}
+        if package == "smg":
+            router["log_json"] = True
+        (d / "router.json").write_text(json.dumps(router))
+        argv = [sys.executable, "-m", "pdnode.router_launch", str(d / "router.json"), "--router-package", package,
+                "--admin-key-file", key_file(d, "admin", ADMIN), "--api-key-file", key_file(d, "client", CLIENT)]
+        base = f"http://127.0.0.1:{rp}"
+        with router_process(argv, d, base + "/readiness", {"HF_HUB_OFFLINE": "1"},
+                            ready=lambda r: r.json().get("healthy_workers") == 4):
+            workers = [
+                {"id": "prefill-0", "role": "prefill", "url": a.prefill_url, "bootstrap_port": a.ports["bootstrap"]},
+                {"id": "prefill-1", "role": "prefill", "url": b.prefill_url, "bootstrap_port": b.ports["bootstrap"]},
+                {"id": "decode-0", "role": "decode", "url": a.decode_url},
+                {"id": "decode-1", "role": "decode", "url": b.decode_url},
+            ]
+            yield {"base": base, "a": a, "b": b, "workers": {w["id"]: w for w in workers}, "dir": d}
+
+
+def drain(n: dict[str, Any], command: str, ids: list[str], timeout_s: float = 120,
+          router: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Run `python -m pdnode.drain COMMAND` as the Ansible task does (spec on stdin)."""
+    spec = {"router": router or n["base"], "admin_key_file": str(n["dir"] / "admin"),
+            "api_key_file": str(n["dir"] / "client"), "timeout_s": timeout_s,
+            "workers": [n["workers"][i] for i in ids]}
+    r = subprocess.run([sys.executable, "-m", "pdnode.drain", command], input=json.dumps(spec), text=True,
+                       capture_output=True, timeout=600, check=False,
+                       env={**os.environ, "PYTHONPATH": str(REPO / "scripts")})
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    return json.loads(lines[-1]), lines[:-1]
+
+
+def listed(n: dict[str, Any]) -> set[str]:
+    from node import request
+
+    got = request("GET", n["base"] + "/workers", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)
+    assert got.status == 200, got.text
+    urls = {w["url"] for w in got.json()["workers"]}
+    return {i for i, w in n["workers"].items() if w["url"] in urls}
+
+
+class Load:
+    """Clients sending completions through the router, streaming and not, until stopped;
+    every answer counted: a failure is a non-200, a broken connection, or a stream that
+    ends without its final [DONE]."""
+
+    def __init__(self, base: str, clients: int = 4, max_tokens: int = 8) -> None:
+        self.base, self.max_tokens = base, max_tokens
+        self.ok, self.failed, self.errors = 0, 0, []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(k % 2 == 0,)) for k in range(clients)]
+
+    def _one(self, stream: bool) -> str | None:
+        from node import request
+
+        body = {"model": "fake-model", "prompt": "drain me " * 8, "max_tokens": self.max_tokens, "stream": stream}
+        try:
+            r = request("POST", self.base + "/v1/completions", body, headers={"Authorization": f"Bearer {CLIENT}"},
+                        timeout=60)
+        except OSError as exc:
+            return f"connection: {exc}"
+        if r.status != 200:
+            return f"HTTP {r.status}: {r.text[:120]}"
+        if stream and "data: [DONE]" not in r.text:
+            return f"stream cut: {r.text[-120:]}"
+        return None
+
+    def _run(self, stream: bool) -> None:
+        while not self._stop.is_set():
+            err = self._one(stream)
+            with self._lock:
+                if err is None:
+                    self.ok += 1
+                else:
+                    self.failed += 1
+                    self.errors.append(err)
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(120)
+
+
+def wait_requests(load: Load, more: int) -> None:
+    """Until the load has answered MORE requests beyond now (ends when they are answered)."""
+    import time
+
+    target = load.ok + load.failed + more
+    while load.ok + load.failed < target:
+        assert all(t.is_alive() for t in load._threads)
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_prefill_and_a_decode_leave_stop_and_no_request_fails(tmp_path, package):
+    with node_2p2d(tmp_path, package) as n, Load(n["base"]) as load:
+        wait_requests(load, 20)
+        result, lines = drain(n, "out", ["prefill-0", "decode-0"])
+        assert result["removed"] == ["prefill-0", "decode-0"], lines
+        assert listed(n) == {"prefill-1", "decode-1"}
+        assert any("prefill-0 left the router" in x for x in lines) and any("decode-0 drained" in x for x in lines)
+        # what the drain waited for: nothing is left on either engine
+        for role in ("prefill", "decode"):
+            os.killpg(n["a"].procs[role].pid, signal.SIGKILL)
+            n["a"].procs[role].wait(60)
+        wait_requests(load, 40)
+    assert load.failed == 0 and load.ok >= 60, load.errors[:5]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_workers_return_to_the_router_and_serve(tmp_path, package):
+    with node_2p2d(tmp_path, package) as n:
+        drain(n, "out", ["prefill-1", "decode-1"])
+        assert listed(n) == {"prefill-0", "decode-0"}
+        result, lines = drain(n, "in", ["prefill-1", "decode-1"])
+        assert result["added"] == ["prefill-1", "decode-1"], lines
+        assert any("prefill-1 returned to the router" in x for x in lines)
+        assert listed(n) == set(n["workers"])
+        # back for real: they take requests again (round robin over both pairs)
+        before = {r["bootstrap_room"] for r in n["b"].recent_requests("prefill")}
+        with Load(n["base"]) as load:
+            wait_requests(load, 20)
+        assert load.failed == 0, load.errors[:5]
+        assert {r["bootstrap_room"] for r in n["b"].recent_requests("prefill")} - before
+        # a second `in` changes nothing (a re-run)
+        assert drain(n, "in", ["prefill-1", "decode-1"])[0]["changed"] is False
+
+
+def long_stream(n: dict[str, Any], max_tokens: int) -> tuple[threading.Thread, list[str], str]:
+    """A streaming completion through the router (2 ms a token on the stand-in); returns
+    once a decode holds it: (its thread, its outcome when done, the decode's id)."""
+    import time
+
+    from node import request
+    from pdnode.drain import busy
+
+    done: list[str] = []
+
+    def run() -> None:
+        r = request("POST", n["base"] + "/v1/completions",
+                    {"model": "fake-model", "prompt": "long", "max_tokens": max_tokens, "stream": True,
+                     "ignore_eos": True}, headers={"Authorization": f"Bearer {CLIENT}"}, timeout=300)
+        done.append("ok" if r.status == 200 and "data: [DONE]" in r.text else f"{r.status} {r.text[-200:]}")
+
+    t = threading.Thread(target=run)
+    t.start()
+    end = time.monotonic() + 60  # ends once a decode reports it (milliseconds)
+    while True:
+        assert time.monotonic() < end and t.is_alive(), done
+        for d in ("decode-0", "decode-1"):
+            if any((busy(n["workers"][d], CLIENT) or {}).values()):
+                return t, done, d
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_drain_waits_for_the_stream_a_decode_holds(tmp_path, package):
+    with node_2p2d(tmp_path, package) as n:
+        t, done, holder = long_stream(n, 1500)
+        _, lines = drain(n, "out", [holder])
+        assert done == ["ok"], (done, lines)  # the drain returned only after the stream ended
+        assert any(f"{holder} drained" in x for x in lines), lines
+        t.join(60)
+
+
+def test_a_drain_past_its_timeout_says_what_was_left(tmp_path):
+    with node_2p2d(tmp_path, "sglang-router") as n:
+        t, done, holder = long_stream(n, 6000)
+        _, lines = drain(n, "out", [holder], timeout_s=1)
+        assert done == [] and any(f"{holder} drain timeout" in x and "still holding: num_running_reqs 1" in x
+                                  for x in lines), lines
+        t.join(120)
+        assert done == ["ok"]
+
+
+def test_with_no_router_answering_there_is_nothing_to_do(tmp_path):
+    from node import free_ports
+
+    with node_2p2d(tmp_path, "sglang-router") as n:
+        dead = f"http://127.0.0.1:{free_ports(1)[0]}"
+        for command in ("out", "in", "reconcile"):
+            result, lines = drain(n, command, ["prefill-0"], router=dead)
+            assert result["changed"] is False and "does not answer" in lines[0], lines
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_worker_left_out_is_named_by_verify_and_put_back_by_reconcile(tmp_path, package):
+    """An interrupted drain (out, never in): the verifier FAILs naming it; the next run's
+    reconcile puts it back; the verifier's router check passes again."""
+    from nodeplan import plan_for
+    from pdnode.verify.config import build_run
+    from pdnode.verify.engine import verify
+    from test_router_admin import launched_node
+    from test_router_smg import smg_node
+
+    def router_check(node: Any) -> Any:
+        run = build_run(node.plan, api_key_file=str(tmp_path / "client"), admin_key_file=str(tmp_path / "admin"),
+                        env={}, skip_burst=True, on_node=True)
+        return {c.id: c for c in verify(run).checks}["router"]
+
+    ctx = smg_node if package == "smg" else launched_node
+    with ctx(tmp_path / "node", CLIENT) as node:
+        plan = node.plan if getattr(node, "plan", None) else plan_for(node)
+        node.plan = plan
+        n = {"base": node.router_url, "dir": tmp_path, "workers": {
+            "prefill-0": {"id": "prefill-0", "role": "prefill", "url": node.prefill_url,
+                          "bootstrap_port": node.ports["bootstrap"]},
+            "decode-0": {"id": "decode-0", "role": "decode", "url": node.decode_url}}}
+        (tmp_path / "admin").write_text((ADMIN_SMG if package == "smg" else ADMIN_0_3_2) + "\n")
+        (tmp_path / "admin").chmod(0o600)
+        (tmp_path / "client").write_text(CLIENT + "\n")
+        drain(n, "out", ["decode-0"])
+        check = router_check(node)
+        assert check.status == "FAIL" and "decode-0" in check.evidence and "not listed" in check.evidence, \
+            check.evidence
+        result, lines = drain(n, "reconcile", ["prefill-0", "decode-0"])
+        assert result["added"] == ["decode-0"] and any("putting it back" in x for x in lines), lines
+        assert router_check(node).status == "PASS"
