@@ -3,6 +3,7 @@
     python -m pdnode.drain out        < spec.json   # remove from the router, wait until idle
     python -m pdnode.drain in         < spec.json   # add back (the engine is ready)
     python -m pdnode.drain reconcile  < spec.json   # add every planned worker the router lacks
+    python -m pdnode.drain out-unplanned < spec.json  # `out` for every worker the plan lacks
     python -m pdnode.drain hold UNIT SECONDS       # until UNIT has been stopped SECONDS
 
 Runs on the router's host (the router's admin API and the engines' metrics are reached
@@ -218,11 +219,16 @@ def engine_ready(worker: dict[str, Any], api_key: str | None) -> bool:
 
 
 def run(command: str, spec: dict[str, Any]) -> dict[str, Any]:
-    router = Router(spec["router"], read_key(spec.get("admin_key_file")))
+    result: dict[str, Any] = {"changed": False, "removed": [], "added": [], "missing": [], "unplanned": []}
+    admin_file = spec.get("admin_key_file")
+    if admin_file and not os.path.exists(admin_file):
+        # made by the deploy before the router first starts: no router has run with it yet
+        log(f"no {admin_file} yet: the router has not run, no worker to {command}")
+        return result
+    router = Router(spec["router"], read_key(admin_file))
     api_key = read_key(spec.get("api_key_file"))
     workers = list(spec.get("workers", []))
     deadline = time.monotonic() + float(spec.get("timeout_s", 300))
-    result: dict[str, Any] = {"changed": False, "removed": [], "added": [], "missing": [], "unplanned": []}
     t0 = time.monotonic()
     if router.workers() is None:
         log(f"the router at {router.url} does not answer: no worker to {'take out' if command == 'out' else 'add'}")
@@ -232,6 +238,15 @@ def run(command: str, spec: dict[str, Any]) -> dict[str, Any]:
             if take_out(router, w, api_key, deadline):
                 result["removed"].append(w["id"])
         for w in workers:
+            wait_idle(w, api_key, deadline)
+    elif command == "out-unplanned":
+        planned = {w["url"] for w in workers}
+        gone = [{"id": w.get("url", "?"), "role": w.get("worker_type", "?"), "url": w.get("url", "")}
+                for w in router.workers() or [] if w.get("url") not in planned]
+        for w in gone:
+            if take_out(router, w, api_key, deadline):
+                result["removed"].append(w["id"])
+        for w in gone:
             wait_idle(w, api_key, deadline)
     elif command == "in":
         for w in workers:
@@ -282,7 +297,7 @@ def hold_down(unit: str, seconds: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pdnode.drain", description=__doc__.split("\n", 1)[0])
-    ap.add_argument("command", choices=["out", "in", "reconcile", "hold"])
+    ap.add_argument("command", choices=["out", "out-unplanned", "in", "reconcile", "hold"])
     ap.add_argument("unit", nargs="?", help="hold: the stopped unit")
     ap.add_argument("seconds", nargs="?", type=float, help="hold: how long it must have been stopped")
     args = ap.parse_args(argv)

@@ -229,6 +229,16 @@ def test_a_drain_past_its_timeout_says_what_was_left(tmp_path):
         assert done == ["ok"]
 
 
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_worker_the_plan_no_longer_has_leaves_the_router(tmp_path, package):
+    """A layout change that removes decode-1: out-unplanned takes out what the plan lacks."""
+    with node_2p2d(tmp_path, package) as n:
+        planned = {i: w for i, w in n["workers"].items() if i != "decode-1"}
+        result, lines = drain({**n, "workers": planned}, "out-unplanned", list(planned))
+        assert result["removed"] == [n["workers"]["decode-1"]["url"]], lines
+        assert listed(n) == set(planned)
+
+
 def test_with_no_router_answering_there_is_nothing_to_do(tmp_path):
     from node import free_ports
 
@@ -237,6 +247,10 @@ def test_with_no_router_answering_there_is_nothing_to_do(tmp_path):
         for command in ("out", "in", "reconcile"):
             result, lines = drain(n, command, ["prefill-0"], router=dead)
             assert result["changed"] is False and "does not answer" in lines[0], lines
+        # before the first deploy made the admin key, no router has run with it
+        (tmp_path / "admin").rename(tmp_path / "admin.gone")
+        result, lines = drain(n, "out", ["prefill-0"])
+        assert result["changed"] is False and "the router has not run" in lines[0], lines
 
 
 @pytest.mark.parametrize("package", PACKAGES)
