@@ -339,7 +339,7 @@ def restart(inventory: Path, instance: str, kill_before: str | None = None, log:
                    ANSIBLE_CALLBACKS_ENABLED="pdnode_kill_after", PDNODE_KILL_BEFORE=kill_before,
                    PDNODE_KILL_LOG=str(log or os.devnull))
     return subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "restart.yml"),
-                           "-e", f"pdnode_restart={instance}"], cwd=REPO, env=env, capture_output=True, text=True,
+                           "-e", f"restart_instance={instance}"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
 
 
@@ -378,8 +378,8 @@ def test_restart_of_a_prefill_under_load_drops_no_request(host, layouts):
 def test_restart_refuses_an_unknown_instance_in_one_line(layouts):
     proc = restart(layouts["2P1D"], "prefill-7")
     assert proc.returncode != 0
-    assert "pdnode_restart=prefill-7 names no instance of the plan; use -e pdnode_restart=ID with one of: all, " \
-        "prefill-0, prefill-1, decode-0" in proc.stdout, proc.stdout[-3000:]
+    assert "restart_instance=prefill-7 names no instance of the plan; use -e restart_instance=ID with one of: all, " \
+        "prefill-0, prefill-1, decode-0" in " ".join(proc.stdout.split()), proc.stdout[-3000:]
 
 
 # One boundary per state an interrupted drain leaves (the task that then never starts):
