@@ -13,6 +13,7 @@ from pdnode.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 1800
+DRAIN = 300  # pdnode_drain_timeout_s: the lone instance is out of the router while its requests finish
 
 
 def plan_of(name: str) -> dict:
@@ -36,7 +37,7 @@ def layout(prefills: int, decodes: int, coupled: bool = True, delay: int = 15) -
                 s["restart_delay_s"] = delay
     services["router"] = {"role": "router", "unit": "pd-router.service"}
     engines = {sid: {"role": s["role"]} for sid, s in services.items() if sid != "router"}
-    return {"services": services, "cluster": {"engines": engines}}
+    return {"services": services, "cluster": {"engines": engines}, "settings": {"pdnode_drain_timeout_s": DRAIN}}
 
 
 def test_one_prefill_one_decode_every_restart_is_an_outage():
@@ -45,9 +46,10 @@ def test_one_prefill_one_decode_every_restart_is_an_outage():
                                                       "upgrade": True}
     # the decode bound to the prefill restarts after it: two readiness gates in turn
     assert costs["prefill-0"].units == ("pd-prefill-0.service", "pd-decode-0.service")
-    assert costs["prefill-0"].outage_max_s == 2 * TIMEOUT
-    assert costs["decode-0"].outage_max_s == TIMEOUT
-    assert costs["upgrade"].outage_max_s == 2 * TIMEOUT
+    assert costs["prefill-0"].outage_max_s == DRAIN + 2 * TIMEOUT
+    assert costs["decode-0"].outage_max_s == DRAIN + TIMEOUT
+    assert costs["router"].outage_max_s == TIMEOUT  # not drained: restarted by itself
+    assert costs["upgrade"].outage_max_s == DRAIN + 2 * TIMEOUT
 
 
 def test_two_of_each_role_restart_without_a_drop_when_drained():
@@ -77,7 +79,7 @@ def test_only_the_lone_instance_of_a_role_drops(prefills, decodes, dropping):
 
 def test_a_lone_prefill_waits_for_the_decodes_to_drop_it_first():
     cost = change_cost.instance_cost(layout(1, 2, coupled=False, delay=15), "prefill-0", TIMEOUT)
-    assert cost.drops and cost.outage_max_s == 15 + TIMEOUT
+    assert cost.drops and cost.outage_max_s == DRAIN + 15 + TIMEOUT
 
 
 def test_the_reference_inventories():
@@ -104,4 +106,4 @@ def test_the_quoted_figures_stand_in_measurements_md():
 def test_an_upgrade_restarts_a_bound_decode_once_with_its_prefill():
     cost = change_cost.upgrade_cost(layout(1, 2), TIMEOUT)
     assert cost.units == ("pd-prefill-0.service", "pd-decode-0.service", "pd-decode-1.service", "pd-router.service")
-    assert cost.outage_max_s == 2 * TIMEOUT
+    assert cost.outage_max_s == DRAIN + 2 * TIMEOUT

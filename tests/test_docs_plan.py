@@ -16,7 +16,8 @@ inventories/gpu01), every host of each:
   under one, or contain one), or appear literally in the repository's code;
 - commands: every `pdnode ...` command line is parsed by the CLI's own parser, and its
   `--host`/`--role` must exist in the inventory it names; every `ansible-playbook ...`
-  names only tags the playbooks have and hosts the inventory has.
+  names only tags the playbooks have, hosts the inventory has, and (restart.yml) an
+  instance of its plan.
 
 docs/runbooks/gpu01/ holds the reference inventory's per-host runbooks, rendered by
 `pdnode runbooks inventories/gpu01 --out docs/runbooks`; the first test keeps it current.
@@ -394,6 +395,11 @@ def test_ansible_playbook_lines_name_real_tags_and_hosts(doc):
                 if tag and not PLACEHOLDER.search(tag) and tag not in playbook_tags():
                     bad.append(f"{rel(doc)}:{line}: tag {tag!r} is in no playbook or role")
             inv = INVENTORY.fullmatch((opts.get("-i") or "").rstrip("/"))
+            extra = dict(v.split("=", 1) for k, v in zip(words, words[1:]) if k in ("-e", "--extra-vars") and "=" in v)
+            target = extra.get("restart_instance")  # playbooks/restart.yml: all, or an instance id
+            if inv and target and not PLACEHOLDER.search(target) \
+                    and target not in inventory_facts(inv.group(1)).service_ids - {"router"} | {"all"}:
+                bad.append(f"{rel(doc)}:{line}: restart_instance={target}: no instance of {inv.group(0)}")
             limit = opts.get("--limit") or opts.get("-l")
             if inv and limit and not PLACEHOLDER.search(limit):
                 hosts = inventory_facts(inv.group(1)).hosts

@@ -9,10 +9,11 @@ so its restart is an outage. The one router always is: clients connect to it. An
 restarts every engine and the router on the new release, so it costs what the worst of
 those restarts costs.
 
-The outage's length: an engine's start-to-ready time, bounded by the readiness timeout
-(`pd_services_ready_timeout_s`: past it the start fails), plus the prefill's wait for the
-decodes to drop its old sessions (`restart_delay_s`, the plan's heartbeat figure) when it
-has one. Measured start times are in docs/measurements.md (MEASURED names the rows);
+The outage's length: from the moment the instance leaves the router, the wait for its
+requests in flight (at most `pdnode_drain_timeout_s`), the prefill's wait for the decodes
+to drop its old sessions (`restart_delay_s`, the plan's heartbeat figure) when it has one,
+and its start-to-ready time, bounded by the readiness timeout (`pd_services_ready_timeout_s`:
+past it the start fails). Measured start times are in docs/measurements.md (MEASURED names the rows);
 with a real model they are minutes, and no real-model restart has been measured yet.
 """
 
@@ -78,11 +79,12 @@ def instance_cost(plan: dict[str, Any], iid: str, ready_timeout_s: int, drain: b
     # the only instance of its role: nothing can take its work while it restarts;
     # the decodes bound to it restart after it, each with its own readiness gate
     chain = 1 + (1 if upheld else 0)
+    drained = int(plan["settings"]["pdnode_drain_timeout_s"]) if drain else 0
     why = f"{iid} is the layout's only {role}"
     if upheld:
         ids = [sid for sid, s in plan["services"].items() if s["unit"] in upheld]
         why += f"; {', '.join(ids)} restart{'s' if len(ids) == 1 else ''} with it"
-    return Cost(iid, units, True, why, delay + chain * ready_timeout_s)
+    return Cost(iid, units, True, why, drained + delay + chain * ready_timeout_s)
 
 
 def router_cost(plan: dict[str, Any], ready_timeout_s: int) -> Cost:

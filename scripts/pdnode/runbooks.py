@@ -44,7 +44,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # or the inventory's values (judged by the plan: values.ROLE_RULES).
 PD_SERVICES_DEFAULTS = ROOT / "roles" / "pd_services" / "defaults" / "main.yml"
 PD_SERVICES_VALUES = ("pd_services_ready_timeout_s", "pd_services_watchdog_s")
-RESTART_PLAYBOOK = ROOT / "playbooks" / "restart.yml"
 TEMPLATES = ROOT / "templates" / "runbooks"
 DEFAULT_OUT = ROOT / ".cache" / "runbooks"
 # One template per page; alerts/<name>.md come from alert.md.j2, once per alert.
@@ -197,8 +196,6 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
     thresholds = settings.get("pdnode_verify_thresholds") or {}
     units_conf = pd_services_values(role_values or {})
     timeout = units_conf["pd_services_ready_timeout_s"]
-    # the drain-first rolling restart (issue 18, section 1), once the repository has it
-    restart_playbook = RESTART_PLAYBOOK.exists()
     targets = _targets(plan, services)
     layout = _layout(plan)
     own_ports = [(name, port) for name, port in plan["ports"].items() if name.split(".", 1)[0] in services]
@@ -231,9 +228,9 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
         "sources": {k: str(v) for k, v in (sources or {}).items() if k.endswith("_version")},
         "ready_timeout_s": timeout,
         "watchdog_s": units_conf["pd_services_watchdog_s"],
-        "costs": {k: asdict(c) for k, c in change_cost.costs(plan, timeout, drain=restart_playbook).items()},
+        # the deploy's restarts, the upgrade and playbooks/restart.yml drain every instance first
+        "costs": {k: asdict(c) for k, c in change_cost.costs(plan, timeout).items()},
         "measured": change_cost.MEASURED, "router_restart": change_cost.ROUTER_RESTART,
-        "restart_playbook": restart_playbook,
     }
 
 
