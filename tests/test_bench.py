@@ -467,7 +467,10 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
             log = open(tmp / f"{sid}.log", "wb")
             logs.append(log)
             if svc["role"] == "router":
-                argv = [sys.executable, "-m", "sglang_router.launch_router", *plan["router_argv"],
+                # the plan's router package (smg by default): its arguments are that package's
+                module = {"smg": "smg.launch_router"}.get(plan["settings"]["pdnode_router_package"],
+                                                          "sglang_router.launch_router")
+                argv = [sys.executable, "-m", module, *plan["router_argv"],
                         "--worker-startup-check-interval", "1", "--api-key", API_KEY]
             else:
                 cfg = tmp / f"{sid}.json"
