@@ -30,9 +30,11 @@ GPU01 = REPO / "inventories" / "gpu01"
 
 # name -> ({role: extra_args merged into instance 0}, the part of SGLang's reason expected)
 REFUSED = {
-    "chunked_prefill_not_multiple_of_page": ({"prefill": {"chunked_prefill_size": 1000, "page_size": 64}},
+    # (page_size and kv_cache_dtype go on both roles: pdnode refuses a KV layout that differs, disagg-kv-layout-same)
+    "chunked_prefill_not_multiple_of_page": ({"prefill": {"chunked_prefill_size": 1000, "page_size": 64},
+                                              "decode": {"page_size": 64}},
                                              "chunked_prefill_size must be divisible by page_size"),
-    "page_size_zero": ({"prefill": {"page_size": 0}}, "ZeroDivisionError"),
+    "page_size_zero": ({"prefill": {"page_size": 0}, "decode": {"page_size": 0}}, "ZeroDivisionError"),
     "tp_lm_head_all_to_all_with_dp_lm_head": ({"decode": {"enable_tp_lm_head_all_to_all": True}},
                                               "incompatible with --enable-dp-lm-head"),
     "priority_with_lpm": ({"prefill": {"enable_priority_scheduling": True, "schedule_policy": "lpm"}},
@@ -55,12 +57,13 @@ REFUSED = {
     "pd_role_switch_with_ep": ({"decode": {"enable_pd_role_switch": True}}, "expert parallelism"),
 }
 ACCEPTED = {
-    "kv_cache_fp8": {"decode": {"kv_cache_dtype": "fp8_e4m3"}},
-    "chunked_prefill_multiple_of_page": {"prefill": {"chunked_prefill_size": 4096, "page_size": 64}},
+    "kv_cache_fp8": {"prefill": {"kv_cache_dtype": "fp8_e4m3"}, "decode": {"kv_cache_dtype": "fp8_e4m3"}},
+    "chunked_prefill_multiple_of_page": {"prefill": {"chunked_prefill_size": 4096, "page_size": 64},
+                                         "decode": {"page_size": 64}},
 }
 # A rule of the GPU generation: SGLang on a CPU machine refuses for the machine's sake,
 # so check says it could not judge (a warning), never a false refusal.
-MACHINE_DEPENDENT = {"kv_cache_nvfp4": {"decode": {"kv_cache_dtype": "nvfp4"}}}
+MACHINE_DEPENDENT = {"kv_cache_nvfp4": {"prefill": {"kv_cache_dtype": "nvfp4"}, "decode": {"kv_cache_dtype": "nvfp4"}}}
 
 
 def _variables(extra: dict) -> dict:
@@ -155,7 +158,8 @@ def test_check_warns_where_sglang_cannot_judge_and_exits_0(judged, tmp_path):
     r = _check(inv, env, "--json")
     report = json.loads(r.stdout)
     assert r.returncode == 0 and report["ok"], r.stdout
-    assert [w["rule"] for w in report["warnings"]] == ["sglang-could-not-judge"]
+    # one warning per engine: the dtype is on both roles (the KV layout must agree)
+    assert [w["rule"] for w in report["warnings"]] == ["sglang-could-not-judge"] * 2
 
 
 def test_without_a_validator_check_says_so_in_one_line_and_applies_its_own_rules(tmp_path):
