@@ -152,20 +152,30 @@ def _short(gauges: dict[str, float]) -> str:
     return ", ".join(f"{k.split(':', 1)[1]} {v:g}" for k, v in gauges.items() if v) or "none"
 
 
-def take_out(router: Router, worker: dict[str, Any], api_key: str | None, deadline: float) -> bool:
-    """Remove WORKER from the router and wait until the router no longer lists it."""
+def take_out(router: Router, workers: list[dict[str, Any]], deadline: float) -> list[str]:
+    """Remove WORKERS from the router (every DELETE first: smg takes seconds to drop each,
+    so they overlap) and wait until the router lists none of them; the ids removed."""
     t0 = time.monotonic()
-    listed = router.find(worker["url"])
-    if listed is None:
-        log(f"{worker['id']} is not in the router's list: nothing to take out")
-        return False
-    router.delete(listed["id"])
-    while router.find(worker["url"]) is not None:
-        if time.monotonic() > deadline:
-            raise DrainError(f"{worker['id']}: the router still lists it after DELETE")
-        time.sleep(POLL_S)
-    log(f"{worker['id']} left the router ({worker['url']}; gone from /workers after {time.monotonic() - t0:.1f} s)")
-    return True
+    pending = {}
+    for worker in workers:
+        listed = router.find(worker["url"])
+        if listed is None:
+            log(f"{worker['id']} is not in the router's list: nothing to take out")
+            continue
+        router.delete(listed["id"])
+        pending[worker["url"]] = worker
+    removed = []
+    while pending:
+        urls = {w.get("url") for w in router.workers() or []}
+        for url in [u for u in pending if u not in urls]:
+            worker = pending.pop(url)
+            removed.append(worker["id"])
+            log(f"{worker['id']} left the router ({url}; gone from /workers after {time.monotonic() - t0:.1f} s)")
+        if pending and time.monotonic() > deadline:
+            raise DrainError(f"{', '.join(w['id'] for w in pending.values())}: the router still lists it after DELETE")
+        if pending:
+            time.sleep(POLL_S)
+    return [w["id"] for w in workers if w["id"] in removed]
 
 
 def wait_idle(worker: dict[str, Any], api_key: str | None, deadline: float) -> None:
@@ -234,18 +244,14 @@ def run(command: str, spec: dict[str, Any]) -> dict[str, Any]:
         log(f"the router at {router.url} does not answer: no worker to {'take out' if command == 'out' else 'add'}")
         return result
     if command == "out":
-        for w in workers:
-            if take_out(router, w, api_key, deadline):
-                result["removed"].append(w["id"])
+        result["removed"] = take_out(router, workers, deadline)
         for w in workers:
             wait_idle(w, api_key, deadline)
     elif command == "out-unplanned":
         planned = {w["url"] for w in workers}
         gone = [{"id": w.get("url", "?"), "role": w.get("worker_type", "?"), "url": w.get("url", "")}
                 for w in router.workers() or [] if w.get("url") not in planned]
-        for w in gone:
-            if take_out(router, w, api_key, deadline):
-                result["removed"].append(w["id"])
+        result["removed"] = take_out(router, gone, deadline)
         for w in gone:
             wait_idle(w, api_key, deadline)
     elif command == "in":
