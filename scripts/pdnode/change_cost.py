@@ -24,17 +24,22 @@ from typing import Any
 
 ENGINE_ROLES = ("prefill", "decode")
 
-# Rows of docs/measurements.md the pages quote: what was measured -> the figure as written
-# there (tests/test_change_cost.py checks each figure still stands in that file).
-# what -> (the row's first cell, the figure as the row writes it)
+# Rows of docs/measurements.md the pages quote: what was measured -> (the row's first cell,
+# the figure as the row writes it); tests/test_change_cost.py checks each figure still
+# stands in its row. Measured on the demo node (stand-in engines, smg 1.13.0) under load.
+ROLLING_2P2D = "failed requests, rolling restart of every instance of 2P2D"
+LONE_1P1D = "longest gap, restart of 1P1D's prefill (and its bound decode)"
+SMG_DROP = "smg drops a worker removed through its admin API"
+ROUTER_RESTART = "longest gap while the router restarts (an upgrade of its package)"
 MEASURED = {
-    "recovery of decode / prefill / router after a kill, stand-in engine":
-        ("recovery after `kill -9` of decode / prefill / router", "5.4 / 6.4 / 3.5 s"),
-    "longest outage of a 1P1D upgrade, stand-in engine":
-        ("1P1D, sglang-router 0.3.2 -> smg 1.13.0 (new release venv built)", "15.9-28.3 s"),
-    "router restart during an upgrade": ("2P1D, smg -> 0.3.2 (before the stop-wait-start)", "1.9 s (router restart)"),
+    ROLLING_2P2D: ("2P2D, rolling restart of every instance (`playbooks/restart.yml -e restart_instance=all`)",
+                   "0 of 3,212"),
+    LONE_1P1D: ("1P1D, restart of the prefill (its decode is bound to it: both leave and return)", "12.8 s"),
+    SMG_DROP: ("1P1D, restart of the prefill (its decode is bound to it: both leave and return)",
+               "~5 s after the DELETE"),
+    ROUTER_RESTART: ("2P2D, upgrade to a new release (smg 1.13.0 -> sglang-router 0.3.2, `playbooks/upgrade.yml`)",
+                     "1.5 s"),
 }
-ROUTER_RESTART = "router restart during an upgrade"
 
 
 @dataclass(frozen=True)

@@ -230,7 +230,7 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
         "watchdog_s": units_conf["pd_services_watchdog_s"],
         # the deploy's restarts, the upgrade and playbooks/restart.yml drain every instance first
         "costs": {k: asdict(c) for k, c in change_cost.costs(plan, timeout).items()},
-        "measured": change_cost.MEASURED, "router_restart": change_cost.ROUTER_RESTART,
+        "measured": change_cost.MEASURED,
     }
 
 
