@@ -65,6 +65,11 @@ class DrainError(RuntimeError):
     pass
 
 
+class KeyRefused(DrainError):
+    """The router runs with another admin key than the file's (a new key: the router
+    restarts with it later in the same run)."""
+
+
 def log(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S', time.gmtime())}Z {msg}", flush=True)
 
@@ -105,6 +110,8 @@ class Router:
         status, text = http("GET", f"{self.url}/workers", self.key)
         if status == 0:
             return None
+        if status in (401, 403):
+            raise KeyRefused(f"GET {self.url}/workers answered {status}")
         if status != 200:
             raise DrainError(f"GET {self.url}/workers answered {status}: {text[:200]}")
         return list(json.loads(text).get("workers", []))
@@ -240,7 +247,15 @@ def run(command: str, spec: dict[str, Any]) -> dict[str, Any]:
     workers = list(spec.get("workers", []))
     deadline = time.monotonic() + float(spec.get("timeout_s", 300))
     t0 = time.monotonic()
-    if router.workers() is None:
+    try:
+        listed = router.workers()
+    except KeyRefused:
+        # a new admin key is written before the router restarts with it (the deploy's
+        # handlers restart the router last): this run restarts the router anyway
+        log(f"the router at {router.url} refuses {admin_file}: it still runs with an earlier admin key and "
+            f"restarts with this one in this run; no worker to {command}")
+        return result
+    if listed is None:
         log(f"the router at {router.url} does not answer: no worker to {'take out' if command == 'out' else 'add'}")
         return result
     if command == "out":
