@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from pdnode import argtable
 from pdnode.plan import PlanError, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
+# root's ~/.ssh as the OS names it (a hostile place for the deploy to chown)
+ROOT_SSH = os.path.join(pwd.getpwuid(0).pw_dir, ".ssh")
 GPU01 = ROOT / "inventories" / "gpu01"
 INJECT = "8M\nExecStartPre=+/bin/touch /run/pwned"
 
@@ -270,7 +273,7 @@ ROLE_VALUES = [
     *[pytest.param({name: path}, f"{name}='{path}': is a system directory or lies in one", id=f"{name[7:]}_{label}")
       for name, path, label in [
           ("pdnode_config_dir", "/etc/systemd/system", "systemd"), ("pdnode_install_root", "/usr/local/bin", "usr_bin"),
-          ("pdnode_install_root", "/usr/local/sglang-pd", "usr_local"), ("pdnode_config_dir", "/root/.ssh", "root_ssh"),
+          ("pdnode_install_root", "/usr/local/sglang-pd", "usr_local"), ("pdnode_config_dir", ROOT_SSH, "root_ssh"),
           ("pdnode_config_dir", "/home/ops/.ssh", "home_ssh"), ("pdnode_install_root", "/home/ops", "home"),
           ("pdnode_config_dir", "/etc/cron.hourly", "cron_hourly"), ("pdnode_config_dir", "/etc/cron.weekly/x", "cron"),
           ("pdnode_config_dir", "/etc/sudoers.d", "sudoers_d"), ("pdnode_install_root", "/var/spool/cron", "spool"),
@@ -613,7 +616,7 @@ ROLE_CASES = {
          "stack_cuda": {"mooncake_stack_cuda": "13; x"},
          "versions_option": {"mooncake_versions": {"non-cuda": "0.3.13 --pre", "cuda12": "0.3.13.post1",
                                                    "cuda13": "0.3.14"}},
-         "venv_ssh": {"mooncake_venv": "/root/.ssh"},
+         "venv_ssh": {"mooncake_venv": ROOT_SSH},
          "dest_cron": {"mooncake_wheelhouse_dest": "/etc/cron.hourly"},
          "packages_option": {"mooncake_system_packages": ["--allow-downgrades"]}}),
     "nvidia_driver": (
