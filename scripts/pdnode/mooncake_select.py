@@ -20,8 +20,19 @@ PACKAGES = {
 DEFAULT_VERSIONS = {"non-cuda": "0.3.13.post1", "cuda12": "0.3.13.post1", "cuda13": "0.3.14"}
 
 
+# The first NVIDIA driver branch whose CUDA is 13 (525-575: CUDA 12). The one rule from
+# a pinned branch to its CUDA major: the plan's install.cuda_major (DCGM's package flavor)
+# reads it; select() below judges the CUDA the installed driver reports.
+FIRST_CUDA13_BRANCH = 580
+
+
 class SelectionError(ValueError):
     pass
+
+
+def branch_cuda_major(branch: Any) -> int:
+    """The CUDA major of NVIDIA driver branch BRANCH (580 -> 13, 570 -> 12)."""
+    return 13 if int(branch) >= FIRST_CUDA13_BRANCH else 12
 
 
 def _major(version: Any) -> int | None:

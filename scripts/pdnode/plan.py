@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from . import argtable, cluster, disagg, guards, kv_path, router_judge, values
+from . import argtable, cluster, disagg, guards, kv_path, mooncake_select, router_judge, values
 from . import instances as inst_rules
 from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
 from .instances import Instance
@@ -71,7 +71,7 @@ class PlanError(Exception):
 @dataclass
 class Plan:
     host: str  # the inventory host this plan deploys
-    install: dict[str, str]  # user, root, venv, config_dir, prefix, target, key paths
+    install: dict[str, Any]  # user, root, venv, config_dir, prefix, target, key paths, state dirs, CUDA major
     # Per service id (prefill-<name>..., decode-<name>..., router) that runs on THIS host,
     # in start order: its unit, the argv systemd runs, the URLs its readiness gate waits
     # for, its files, arguments and environment. Templates and tasks only read these
@@ -544,6 +544,14 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         "kv_check_tool": f"{venv}/bin/pdnode-mooncake-loopback-check.py",
         "api_key_path": f"{config_dir}/api-key",
         "admin_key_path": f"{config_dir}/router-admin-key",
+        # systemd's StateDirectory= of every unit (a name under /var/lib) and the service
+        # user's home: both the prefix's, so two prefixes on one host share nothing
+        "state_directory": prefix,
+        "home": f"/var/lib/{prefix}",
+        # root-only records of the digests each service was last (re)started with
+        "applied_dir": f"/var/lib/pdnode/applied/{prefix}",
+        # the CUDA major of the pinned driver branch (DCGM's package flavor)
+        "cuda_major": mooncake_select.branch_cuda_major(v["pdnode_driver_branch"]),
         # what the sglang role pip-installs for the router (sglang_router_requirement)
         "router_package": v["pdnode_router_package"],
         "router_requirement": f"{v['pdnode_router_package']}=={v[ROUTER_PACKAGES[v['pdnode_router_package']]]}",

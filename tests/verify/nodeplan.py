@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from pdnode.fields import FIELDS
 from pdnode.plan import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,5 +111,7 @@ def contract_plan(router_port: int = 1, *, prefills: int = 1, decodes: int = 1, 
         "install": {"config_dir": "/etc/x", "prefix": "x", "target": "x.target", "api_key_path": "/etc/x/api-key",
                     "admin_key_path": "/etc/x/router-admin-key"},
         "services": services,
-        "settings": {"pdnode_verify_timeout_s": 5, "pdnode_verify_max_tokens": 4, **settings},
+        # the plan carries every setting (build_plan fills in fields.py's defaults)
+        "settings": {**{f.name: f.default for f in FIELDS if f.name.startswith("pdnode_verify_")},
+                     "pdnode_verify_timeout_s": 5, "pdnode_verify_max_tokens": 4, **settings},
     }

@@ -16,12 +16,13 @@ from .thresholds import THRESHOLD_KEYS
 
 ROUTE_QUERY = "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
 ENGINE_ROLES = ("prefill", "decode")
-DEFAULTS = {  # the pdnode_verify_* defaults of fields.py, for a plan that lacks them
-    "pdnode_verify_prompt_words": 256, "pdnode_verify_max_tokens": 32, "pdnode_verify_burst_requests": 16,
-    "pdnode_verify_burst_concurrency": 4, "pdnode_verify_timeout_s": 60.0,
-    "pdnode_verify_reference_prompt": "What is the capital of France? Answer in one word.",
-    "pdnode_verify_reference_answer": "Paris", "pdnode_verify_thresholds": {},
-}
+# What the verifier reads from the plan's settings. The plan carries every one (fields.py
+# has their defaults, build_plan fills them in): a plan that lacks one is refused, never
+# completed here with defaults of its own.
+SETTINGS = ("pdnode_verify_prompt_words", "pdnode_verify_max_tokens", "pdnode_verify_burst_requests",
+            "pdnode_verify_burst_concurrency", "pdnode_verify_timeout_s", "pdnode_verify_reference_prompt",
+            "pdnode_verify_reference_answer", "pdnode_verify_thresholds")
+RENDER = "give the JSON of `pdnode render INVENTORY --role plan`"
 
 
 class ConfigError(ValueError):
@@ -136,6 +137,14 @@ def _int(d: Mapping[str, Any], key: str, default: int) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
+def _port(d: Mapping[str, Any], key: str, where: str) -> int:
+    """A port the plan names (its own allocation: never a fallback of the verifier's)."""
+    value = d.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"the plan has no {where}.{key} (got {value!r}): {RENDER}")
+    return value
+
+
 def _service_map(plan: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(engine services in the plan's order, the router service), or ConfigError."""
     services = plan.get("services")
@@ -203,16 +212,18 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
     engines, router_svc = _service_map(plan)
     try:
         router = dict(router_svc.get("args") or {})
-        settings = {**DEFAULTS, **dict(plan.get("settings") or {})}
+        settings = dict(plan.get("settings") or {})
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"the plan is not usable ({exc}): give the JSON of `pdnode render INVENTORY --role plan`") \
-            from None
+        raise ConfigError(f"the plan is not usable ({exc}): {RENDER}") from None
+    missing = [k for k in SETTINGS if k not in settings]
+    if missing:
+        raise ConfigError(f"the plan's settings lack {', '.join(missing)}: {RENDER}")
 
     # Where the router is: an explicit address, else its bind address, else the node's
     # inventory address, else this machine.
     r_host = str(router.get("host", "127.0.0.1"))
     address = node_address or (None if _wildcard(r_host) else r_host) or "127.0.0.1"
-    r_port = _int(router, "port", 8000)
+    r_port = _port(router, "port", "services.router.args")
     default_router = f"http://{url_host(address)}:{r_port}"
     # On another host of a layout spanning hosts: its public URL; its metrics listener
     # (loopback there) and its unit are that host's.
@@ -223,7 +234,7 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
     m_host = str(router.get("prometheus_host", "127.0.0.1"))
     m_host = address if _wildcard(m_host) else m_host
     m_url = router_metrics_url or (
-        f"http://{url_host(m_host)}:{_int(router, 'prometheus_port', 29000)}/metrics"
+        f"http://{url_host(m_host)}:{_port(router, 'prometheus_port', 'services.router.args')}/metrics"
         if (on_node or not is_loopback(m_host)) and not router_remote else None)
 
     urls = _pairs(instance_urls, "--instance-url", plain=False)
@@ -240,8 +251,9 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
     instances = []
     for e in engines:
         args = dict(e.get("args") or {})
-        plan_url = str(e.get("url") or "").rstrip("/") or \
-            f"http://{url_host(_local(str(args.get('host', '127.0.0.1'))))}:{_int(args, 'port', 30000)}"
+        plan_url = str(e.get("url") or "").rstrip("/")
+        if not plan_url:
+            raise ConfigError(f"the plan has no services.{e['id']}.url: {RENDER}")
         host = urlsplit(plan_url).hostname or "127.0.0.1"
         boot_port = e.get("bootstrap_port", args.get("disaggregation_bootstrap_port")) \
             if e["role"] == "prefill" else None
@@ -307,10 +319,6 @@ def build_run(plan: Mapping[str, Any], *, node_address: str | None = None, base_
     return Run(host=str(plan.get("host") or address), targets=targets, expect=expect, settings=sett,
                api_key_file=api_key_file, admin_key_file=admin_key_file, auth_template=template,
                env=dict(env or {}))
-
-
-def _local(host: str) -> str:
-    return "127.0.0.1" if _wildcard(host) else host
 
 
 def _plan_has_admin_key(plan: Mapping[str, Any]) -> bool:
