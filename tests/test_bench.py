@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pdnode import bench, bench_counters, bench_report
-from pdnode.cli import main as pdnode_main
+from pdnode.commands import bench, bench_report
+from pdnode.node import bench_counters
+from pdnode.commands.cli import main as pdnode_main
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "sk-bench-3f9a1c77"  # the integration node's (a test value)
@@ -46,7 +47,7 @@ def record(**over: Any) -> dict[str, Any]:
 
 
 def reading(**instances: tuple[str, str | None, str | None]) -> dict[str, Any]:
-    """A pdnode.bench_counters report: id -> (role, Prometheus text or None, error)."""
+    """A pdnode.node.bench_counters report: id -> (role, Prometheus text or None, error)."""
     out = {}
     for iid, (role, text, error) in instances.items():
         out[iid.replace("_", "-")] = {"role": role, "url": "http://127.0.0.1:1/metrics", "error": error,
@@ -279,7 +280,7 @@ def test_client_argv_closed_loop_and_open_loop() -> None:
     wl = bench.workload(args(requests="5", input_len="100", output_len="10", range_ratio="0.25"))
     argv = bench.client_argv("py", base_url="http://h:8000", tokenizer="/t", served_model_name="m", wl=wl,
                              output_file="/o.jsonl")
-    # bench_serving through pdnode's wrapper (pdnode.bench_client), which keeps each request's times
+    # bench_serving through pdnode's wrapper (pdnode.commands.bench_client), which keeps each request's times
     assert argv[:3] == ["py", "-m", "pdnode_bench_client"]
     flags = dict(zip(argv[3::1], argv[4::1]))
     assert flags["--backend"] == "sglang" and flags["--dataset-name"] == "random-ids" and "--tokenize-prompt" in argv
@@ -371,7 +372,7 @@ def test_json_report_has_the_schema_the_planner_reads() -> None:
 
 def test_the_planner_reads_the_report() -> None:
     # the consumer of --json (pdnode plan --measurements) takes it as it is
-    from pdnode.planner_model import run_from_bench
+    from pdnode.core.planner_model import run_from_bench
 
     run = run_from_bench(json.loads(bench_report.to_json(_report())), "bench.json")
     assert run.request_s == 4.0 and run.ttft_s == 0.04 and run.itl_s == 0.004
@@ -424,8 +425,8 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     the plan of an inventory with ansible_connection: local (so `pdnode bench` reads the counters directly). Its release
     virtualenv (install.venv, under a private pdnode_install_root) is this Python's, so
     playbooks/bench.yml finds pdnode there. Yields (inventory directory, plan)."""
-    from pdnode.inventory import load_inventory
-    from pdnode.plan import build_plan
+    from pdnode.core.inventory import load_inventory
+    from pdnode.core.plan import build_plan
 
     model = tmp / "model"
     model.mkdir()
@@ -515,7 +516,7 @@ def test_bench_through_the_real_router_agrees_with_the_engines_counters(
     out = tmp_path / "report.json"
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pdnode.cli", "bench", str(inv), "--json", "--out", str(out),
+        [sys.executable, "-m", "pdnode.commands.cli", "bench", str(inv), "--json", "--out", str(out),
          "--requests", "24", "--concurrency", "4", "--input-len", "200", "--output-len", "12",
          "--range-ratio", "0.5", "--warmup", "2", "--plot", str(tmp_path / "bench.svg")],
         capture_output=True, text=True, timeout=600, cwd=REPO,

@@ -1,4 +1,4 @@
-"""The incident bundle's collector (scripts/pdnode/collect.py) on the controller, no Docker:
+"""The incident bundle's collector (scripts/pdnode/node/collect.py) on the controller, no Docker:
 redaction, key values stripped, key files never read, bounded commands, the manifest's
 digests, the merge of the hosts' parts, and `pdnode collect`'s exit codes.
 
@@ -21,8 +21,8 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from pdnode import collect
-from pdnode.cli import main as cli_main
+from pdnode.node import collect
+from pdnode.commands.cli import main as cli_main
 
 SCRIPT = Path(collect.__file__)
 PYTHON = sys.executable  # before a test replaces it

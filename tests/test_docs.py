@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from pdnode.cli import build_parser
+from pdnode.commands.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

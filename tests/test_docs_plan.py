@@ -35,10 +35,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pdnode import monitoring, runbooks
-from pdnode.cli import build_parser
-from pdnode.inventory import inventory_hosts, inventory_variables, load_inventory
-from pdnode.plan import PlanError, build_plan
+from pdnode.core import monitoring
+from pdnode.commands import runbooks
+from pdnode.commands.cli import build_parser
+from pdnode.core.inventory import inventory_hosts, inventory_variables, load_inventory
+from pdnode.core.plan import PlanError, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "roles").glob("*/README.md"))]

@@ -1,4 +1,4 @@
-"""pdnode.hostfacts over real output captured on an H200 host (tests/fixtures/nvidia-smi/
+"""pdnode.core.hostfacts over real output captured on an H200 host (tests/fixtures/nvidia-smi/
 h200-1gpu/, made with capture.sh on 2026-11-29) and over the clearly labelled hand-made
 8-GPU fixtures (handmade/)."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdnode import hostfacts as hf
+from pdnode.core import hostfacts as hf
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi"
 H200 = FIX / "h200-1gpu"
@@ -286,9 +286,9 @@ def test_pci_scan_classes(line, want):
     assert [k for k, v in out.items() if v] == [want]
 
 
-# --- the Mooncake build the facts call for (pdnode.mooncake_select) -------------------------
+# --- the Mooncake build the facts call for (pdnode.core.mooncake_select) -------------------------
 
-from pdnode import mooncake_select as ms  # noqa: E402
+from pdnode.core import mooncake_select as ms  # noqa: E402
 
 
 def test_mooncake_build_for_the_real_h200():

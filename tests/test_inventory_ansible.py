@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdnode.inventory import inventory_variables
+from pdnode.core.inventory import inventory_variables
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU01 = ROOT / "inventories" / "gpu01"
@@ -117,7 +117,7 @@ def _gpu01_copy(tmp_path: Path) -> Path:
 
 
 def _router_port(inv: Path) -> int:
-    r = subprocess.run([sys.executable, "-m", "pdnode.cli", "render", str(inv), "--role", "router"],
+    r = subprocess.run([sys.executable, "-m", "pdnode.commands.cli", "render", str(inv), "--role", "router"],
                        capture_output=True, text=True, check=False, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)["port"]
@@ -180,7 +180,7 @@ def test_a_template_in_the_inventory_is_resolved_as_the_playbooks_see_it(tmp_pat
 def test_an_undefined_variable_in_a_template_is_one_line_exit_2(tmp_path):
     inv = _gpu01_copy(tmp_path)
     _write(inv / "group_vars" / "all" / "zz.yml", {"pdnode_router_port": "{{ no_such_variable }}"}, "yaml")
-    r = subprocess.run([sys.executable, "-m", "pdnode.cli", "check", str(inv)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "pdnode.commands.cli", "check", str(inv)], capture_output=True, text=True,
                        check=False, cwd=ROOT)
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "pdnode_router_port" in r.stderr, r.stderr

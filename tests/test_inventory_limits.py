@@ -40,7 +40,7 @@ CASES = {
 
 
 def _check(inv: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pdnode.cli", "check", str(inv)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pdnode.commands.cli", "check", str(inv)], capture_output=True, text=True,
                           check=False, cwd=ROOT, timeout=60)
 
 
@@ -68,7 +68,7 @@ def test_aliases_within_the_limit_are_read_as_ansible_reads_them(tmp_path):
     shutil.copytree(GPU01, inv)
     (inv / "group_vars" / "all" / "zz.yml").write_text(
         "common: &common {SGLANG_LOG_LEVEL_X: info}\npdnode_engine_environment:\n  <<: *common\n  TZ: UTC\n")
-    r = subprocess.run([sys.executable, "-m", "pdnode.cli", "render", str(inv), "--role", "plan"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "pdnode.commands.cli", "render", str(inv), "--role", "plan"], capture_output=True,
                        text=True, check=False, cwd=ROOT, timeout=60)
     assert r.returncode == 0, r.stderr
     env = json.loads(r.stdout)["settings"]["pdnode_engine_environment"]

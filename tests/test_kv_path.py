@@ -10,8 +10,8 @@ import sys
 import pytest
 from planvars import ROOT, changed, variables
 
-from pdnode.inventory import inventory_variables
-from pdnode.plan import build_plan
+from pdnode.core.inventory import inventory_variables
+from pdnode.core.plan import build_plan
 
 NVLINK_ENV = {"MC_INTRANODE_NVLINK": "1", "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": "INTRA_NODE_NVLINK"}
 
@@ -130,7 +130,7 @@ def test_the_check_tool_is_where_the_mooncake_role_installs_it():
 
 
 def test_explain_shows_each_pairs_path_speed_and_ttft():
-    r = subprocess.run([sys.executable, "-m", "pdnode.cli", "explain", str(ROOT / "inventories" / "gpu01-2p1d")],
+    r = subprocess.run([sys.executable, "-m", "pdnode.commands.cli", "explain", str(ROOT / "inventories" / "gpu01-2p1d")],
                        capture_output=True, text=True, check=False, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()

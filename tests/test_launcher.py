@@ -1,4 +1,4 @@
-"""pdnode.launcher without SGLang: argv conversion, the API key hand-off, refusals.
+"""pdnode.node.launcher without SGLang: argv conversion, the API key hand-off, refusals.
 
 SGLang's own view of the same conversions is in tests/conformance/ (slow)."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdnode import launcher
-from pdnode.launcher import LaunchError, to_argv
+from pdnode.node import launcher
+from pdnode.node.launcher import LaunchError, to_argv
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -28,7 +28,7 @@ def run_launcher(*args, env=None, cwd=None, timeout=60):
     e["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), *(env or {}).pop("_extra_path", [])])
     e.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "pdnode.launcher", *map(str, args)],
+        [sys.executable, "-m", "pdnode.node.launcher", *map(str, args)],
         capture_output=True,
         text=True,
         env=e,
@@ -358,7 +358,7 @@ def test_exec_replaces_the_process_and_keeps_the_key_off_the_command_line(
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRIPTS), str(fake)]),
                PDNODE_TEST_OUT=str(out), RUNTIME_DIRECTORY=str(rundir))
     p = subprocess.Popen(
-        [sys.executable, "-m", "pdnode.launcher", "--api-key-file", str(key_file), str(path)],
+        [sys.executable, "-m", "pdnode.node.launcher", "--api-key-file", str(key_file), str(path)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     stdout, stderr = p.communicate(timeout=60)
@@ -405,7 +405,7 @@ def test_dry_run_redacts_the_key_if_it_ever_shows_up(serverargs_file, tmp_path):
 
 def test_launcher_imports_only_the_standard_library():
     code = (
-        "import sys; before = set(sys.modules); import pdnode.launcher; "
+        "import sys; before = set(sys.modules); import pdnode.node.launcher; "
         "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
         "print(sorted(new - set(sys.stdlib_module_names) - {'pdnode'}))"
     )

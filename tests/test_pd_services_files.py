@@ -290,11 +290,11 @@ def test_the_key_waits_for_every_validator_and_changes_with_the_files(tmp_path):
 
 
 def test_a_key_the_host_refuses_changes_nothing_and_is_not_shown(tmp_path):
-    """The validator the role gives the key: the host's own reader (python -m pdnode.secrets)."""
+    """The validator the role gives the key: the host's own reader (python -m pdnode.node.secrets)."""
     key = tmp_path / "api-key"
     key.write_text(KEY_OLD + "\n")
     private = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAASECRET\n-----END OPENSSH PRIVATE KEY-----\n"
-    check = [sys.executable, "-m", "pdnode.secrets", "%s"]
+    check = [sys.executable, "-m", "pdnode.node.secrets", "%s"]
     result = run({"files": [fspec(tmp_path / "a.json", "{}")], **keys((key, private, {"validate": check}))})
     assert result["failed"] and "holds a private key" in result["msg"] and "\n" not in result["msg"]
     assert "SECRET" not in json.dumps(result) and "BEGIN" not in json.dumps(result)

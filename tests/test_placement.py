@@ -6,7 +6,7 @@ Three kinds of input, named as such in every test:
 * the HAND-MADE 8-GPU HGX fixture (handmade/topo-m-handmade-hgx8.txt): no 8-GPU machine
   was available, so the 8-GPU behaviour is only tested on this hand-written topology;
 * CONSTRUCTED topologies rendered below in nvidia-smi's format (tabs, ANSI header, NIC
-  legend) and parsed by pdnode.hostfacts, for the warnings.
+  legend) and parsed by pdnode.core.hostfacts, for the warnings.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from pdnode import cli
-from pdnode.hostfacts import parse_topo_matrix
-from pdnode.inventory import load_inventory
-from pdnode.placement import format_ids, link_cost, parse_id_list
-from pdnode.placement_advice import advise, candidate_splits, engine_instances
-from pdnode.plan import build_plan
+from pdnode.commands import cli
+from pdnode.core.hostfacts import parse_topo_matrix
+from pdnode.core.inventory import load_inventory
+from pdnode.core.placement import format_ids, link_cost, parse_id_list
+from pdnode.core.placement_advice import advise, candidate_splits, engine_instances
+from pdnode.core.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "nvidia-smi"
@@ -460,7 +460,7 @@ def test_cli_real_2gpu_capture_exits_1_saying_the_plan_does_not_fit(capsys):
 
 
 def _run(*argv):
-    return subprocess.run([sys.executable, "-m", "pdnode.cli", "placement", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pdnode.commands.cli", "placement", *argv], capture_output=True, text=True,
                           cwd=ROOT, timeout=30)
 
 

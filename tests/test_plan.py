@@ -14,7 +14,7 @@ import sys
 import pytest
 from planvars import ROOT, changed, engine_args, variables
 
-from pdnode.plan import PlanError, build_plan
+from pdnode.core.plan import PlanError, build_plan
 
 GPU01 = ROOT / "inventories" / "gpu01"
 
@@ -409,7 +409,7 @@ def test_settings_hold_the_normalised_instances(gpu01_vars):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "pdnode.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pdnode.commands.cli", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=30)
 
 
@@ -477,7 +477,7 @@ def test_cli_explain_table():
 
 def test_check_does_not_load_the_verifier():
     """`pdnode check` must stay well under a second: it never imports the HTTP/metrics code."""
-    code = ("import sys; from pdnode.cli import main; rc = main(['check', 'inventories/gpu01']); "
+    code = ("import sys; from pdnode.commands.cli import main; rc = main(['check', 'inventories/gpu01']); "
             "heavy = [m for m in ('pdnode.verify.engine', 'prometheus_client') if m in sys.modules]; "
             "sys.exit(rc or (3 if heavy else 0))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=30)

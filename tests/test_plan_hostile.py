@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from planvars import changed
 
-from pdnode import argtable
-from pdnode.plan import PlanError, build_plan
+from pdnode.core import argtable
+from pdnode.core.plan import PlanError, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 # root's ~/.ssh as the OS names it (a hostile place for the deploy to chown)
@@ -149,7 +149,7 @@ REFUSED = [
 
 SMG = {"pdnode_router_package": "smg"}
 # Issue 17, section 7: what the router would refuse, or what opens a door (all accepted
-# before). The router's own verdicts come from the installed package (pdnode.router_judge);
+# before). The router's own verdicts come from the installed package (pdnode.core.router_judge);
 # the doors are pdnode.guards' (docs/security.md, "What opens a door").
 ROUTER_REFUSES = [
     pytest.param({**R032, "pdnode_router_extra_args": {"jwt_issuer": "https://idp.example"}},
@@ -428,7 +428,7 @@ def test_a_key_file_not_there_yet_is_the_deploys_to_report(gpu01_vars, tmp_path)
 
 def test_the_router_verdict_is_cached_by_what_was_asked(gpu01_vars, tmp_path, monkeypatch):
     """The package is asked once per router JSON: a second check reads the verdict."""
-    from pdnode import router_launch
+    from pdnode.node import router_launch
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     v = changed(gpu01_vars, {"pdnode_router_extra_args": {"retry_max_retries": -5}})
@@ -461,12 +461,12 @@ def test_router_argument_table_is_the_installed_router():
     assert version("sglang-router") == "0.3.2"
     committed = json.loads((ROOT / "scripts/pdnode/data/routerargs-0.3.2.json").read_text())
     assert committed["args"] == json.loads(argtable.dump(argtable.router_table(), ""))["args"], (
-        "regenerate: .venv/bin/python -m pdnode.argtable router > scripts/pdnode/data/routerargs-0.3.2.json")
+        "regenerate: .venv/bin/python -m pdnode.core.argtable router > scripts/pdnode/data/routerargs-0.3.2.json")
 
 
 def test_every_owned_router_argument_exists_in_the_table():
     """The plan's own router arguments are real ones (a rename would otherwise pass)."""
-    from pdnode.plan import OWNED_ROUTER_ARGS
+    from pdnode.core.plan import OWNED_ROUTER_ARGS
 
     table = argtable.load(argtable.ROUTER_TABLE)
     assert sorted(set(OWNED_ROUTER_ARGS) - set(table)) == []
@@ -475,14 +475,14 @@ def test_every_owned_router_argument_exists_in_the_table():
 def test_every_owned_server_argument_exists_in_the_table():
     """The plan writes these itself; each must be a real flag of SGLang 0.5.23 (a rename
     in SGLang would otherwise pass the plan and fail at start)."""
-    from pdnode.instances import OWNED_SERVER_ARGS
+    from pdnode.core.instances import OWNED_SERVER_ARGS
 
     table = argtable.load(argtable.SGLANG_TABLE)
     assert sorted(set(OWNED_SERVER_ARGS) - set(table)) == []
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "pdnode.cli", *args], check=False, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pdnode.commands.cli", *args], check=False, capture_output=True, text=True,
                           cwd=ROOT, timeout=30)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from planvars import changed, variables
 
-from pdnode.plan import PlanError, build_plan
+from pdnode.core.plan import PlanError, build_plan
 
 READ_BY_UNITS = ("unit", "exec", "ready")
 
@@ -32,7 +32,7 @@ def test_services_of_the_demo_node(demo_vars):
     assert list(s) == ["prefill-0", "decode-0", "router"]
     assert _units_view(s["prefill-0"]) == {
         "unit": "sglang-pd-prefill-0.service",
-        "exec": [py, "-m", "pdnode.launcher", "--engine", "sim", "--watchdog-url", "http://127.0.0.1:30000/health",
+        "exec": [py, "-m", "pdnode.node.launcher", "--engine", "sim", "--watchdog-url", "http://127.0.0.1:30000/health",
                  "/etc/sglang-pd/prefill-0.json"],
         "ready": ["http://127.0.0.1:30000/health",
                   "http://127.0.0.1:8998/route?prefill_dp_rank=-1&prefill_cp_rank=-1"
@@ -42,7 +42,7 @@ def test_services_of_the_demo_node(demo_vars):
     assert s["decode-0"]["ready"] == ["http://127.0.0.1:30001/health"]
     assert _units_view(s["router"]) == {
         "unit": "sglang-pd-router.service",
-        "exec": [py, "-m", "pdnode.router_launch", "/etc/sglang-pd/router.json", "--router-package", "smg",
+        "exec": [py, "-m", "pdnode.node.router_launch", "/etc/sglang-pd/router.json", "--router-package", "smg",
                  "--admin-key-file", "/etc/sglang-pd/router-admin-key"],
         "ready": ["http://127.0.0.1:8000/readiness"],
     }

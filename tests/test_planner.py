@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdnode import planner_layouts
-from pdnode.cli import main
-from pdnode.inventory import load_inventory
-from pdnode.plan import PlanError, Problem, build_plan
-from pdnode.planner import kv_bytes_from_config
-from pdnode.planner_model import (MeasurementError, Params, Pool, Run, Shape, Workload, fit, predict,
+from pdnode.core import planner_layouts
+from pdnode.commands.cli import main
+from pdnode.core.inventory import load_inventory
+from pdnode.core.plan import PlanError, Problem, build_plan
+from pdnode.commands.planner import kv_bytes_from_config
+from pdnode.core.planner_model import (MeasurementError, Params, Pool, Run, Shape, Workload, fit, predict,
                                   run_from_bench)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,13 +18,13 @@ from test_bench import args as bench_args
 from test_bench import plan_dict, record
 from test_planner import DEMO, bench_doc
 
-from pdnode import bench, bench_client, bench_report, plot
-from pdnode.cli import main
+from pdnode.commands import bench, bench_client, bench_report, plot
+from pdnode.commands.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SVG = "{http://www.w3.org/2000/svg}"
 # A python where `import matplotlib` fails, as on a machine without the plot extra.
-NO_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None\nfrom pdnode.cli import main\nsys.exit(main(sys.argv[1:]))"
+NO_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None\nfrom pdnode.commands.cli import main\nsys.exit(main(sys.argv[1:]))"
 
 
 @pytest.fixture
@@ -200,7 +200,7 @@ def test_without_matplotlib_plot_is_one_line_exit_2_and_the_rest_works(command: 
 
 
 def test_matplotlib_is_imported_only_for_a_picture(runs: list[str]) -> None:
-    code = ("import sys; from pdnode.cli import main\n"
+    code = ("import sys; from pdnode.commands.cli import main\n"
             f"main(['plan', {str(DEMO)!r}, *{runs!r}])\n"
             "for argv in (['bench', '--help'], ['plan', '--help'], ['--help']):\n"
             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"

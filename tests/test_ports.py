@@ -1,4 +1,4 @@
-"""Every port of a node: allocated by the plan without collision (pdnode.ports), and,
+"""Every port of a node: allocated by the plan without collision (pdnode.core.ports), and,
 before anything starts, a port of the plan held by another process is named with its
 owner (pid, command, unit); our own units may hold their ports (a re-deploy)."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from planvars import changed, layout, variables
 
-from pdnode import hostfacts as hf
-from pdnode import preflight as pf
-from pdnode.plan import PlanError, build_plan
-from pdnode.ports import DP_ATTENTION_OFFSETS
+from pdnode.core import hostfacts as hf
+from pdnode.core import preflight as pf
+from pdnode.core.plan import PlanError, build_plan
+from pdnode.core.ports import DP_ATTENTION_OFFSETS
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 OWN = ["sglang-pd-prefill-0.service", "sglang-pd-decode-0.service", "sglang-pd-router.service"]
@@ -45,7 +45,7 @@ def test_cli_one_line_per_taken_port_and_exit_1():
         s.listen()
         port = s.getsockname()[1]
         env = dict(os.environ, PYTHONPATH=str(SCRIPTS))
-        r = subprocess.run([sys.executable, "-m", "pdnode.preflight", "ports", *(f"--own-unit={u}" for u in OWN),
+        r = subprocess.run([sys.executable, "-m", "pdnode.core.preflight", "ports", *(f"--own-unit={u}" for u in OWN),
                             f"router.port={port}", "prefill-0.port=1"],
                            capture_output=True, text=True, env=env, check=False)
     assert r.returncode == 1, r.stderr
@@ -101,7 +101,7 @@ def test_expectations_take_the_plans_unit_names():
     assert pf.expectations(plan.as_dict())["own_units"] == sorted(OWN)
 
 
-# --- allocation (pdnode.ports) -------------------------------------------------------
+# --- allocation (pdnode.core.ports) -------------------------------------------------------
 
 def _instances(count, first_gpu, gpus_each, attn_dp):
     return [{"gpus": list(range(first_gpu + i * gpus_each, first_gpu + (i + 1) * gpus_each)),
@@ -142,7 +142,7 @@ def test_allocation_is_deterministic(host16):
     v = _xpyd(host16, 3, 2, p_attn=2, d_attn=2)
     first = build_plan(v).ports
     assert build_plan(v).ports == first
-    code = ("import json, sys; from pdnode.plan import build_plan; "
+    code = ("import json, sys; from pdnode.core.plan import build_plan; "
             "print(json.dumps(build_plan(json.loads(sys.stdin.read())).ports))")
     r = subprocess.run([sys.executable, "-c", code], input=json.dumps(v), capture_output=True, text=True,
                        cwd=SCRIPTS.parent, timeout=60, env=dict(os.environ, PYTHONHASHSEED="12345"), check=False)

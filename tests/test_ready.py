@@ -1,4 +1,4 @@
-"""pdnode.ready, the ExecStartPost readiness gate: it waits for 200s, gives up at its
+"""pdnode.node.ready, the ExecStartPost readiness gate: it waits for 200s, gives up at its
 timeout, and ends the moment the service's main process is gone ($MAINPID).
 
 No wall-clock upper bound: "ended because the process died" is shown by the gate's own
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pdnode import ready
+from pdnode.node import ready
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -43,7 +43,7 @@ def run_gate(*args, mainpid=None, timeout=DEADLINE_S):
     if mainpid is not None:
         env["MAINPID"] = str(mainpid)
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "pdnode.ready", *map(str, args)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "pdnode.node.ready", *map(str, args)], capture_output=True,
                        text=True, env=env, timeout=timeout)
     return r, time.monotonic() - t0
 

@@ -1,4 +1,4 @@
-"""pdnode.router_launch with smg, the router's successor (docs/smg.md), without smg
+"""pdnode.node.router_launch with smg, the router's successor (docs/smg.md), without smg
 installed: a stand-in `smg` package whose parser is built from the committed smg
 argument table records what the launcher hands to smg's launch_router.
 tests/verify/test_router_smg.py runs the real smg."""
@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from pdnode import argtable, router_launch
-from pdnode.plan import OWNED_ROUTER_ARGS
+from pdnode.core import argtable
+from pdnode.node import router_launch
+from pdnode.core.plan import OWNED_ROUTER_ARGS
 
 CLIENT = "sk-client-77aa"
 ADMIN = "adm-91:colon:key"
@@ -227,12 +228,12 @@ def test_every_router_argument_the_plan_owns_means_the_same_in_smg():
                                                                           for f in ("flag", "kind", "list")}
         assert same, (key, SMG[key], ROUTER_032[key])
     # the policies the plan offers are smg's too
-    from pdnode.plan import ROUTER_POLICIES
+    from pdnode.core.plan import ROUTER_POLICIES
     assert set(ROUTER_POLICIES) <= set(SMG["policy"]["choices"])
 
 
 def test_smg_table_names_its_source_and_shapes():
-    doc = json.loads((Path(argtable.__file__).parent / argtable.SMG_TABLE).read_text())
+    doc = json.loads((Path(argtable.__file__).parents[1] / argtable.SMG_TABLE).read_text())
     assert doc["source"] == "smg 1.13.0"
     assert SMG["prefill"]["list"] and SMG["decode"]["list"] and SMG["pd_disaggregation"]["kind"] == "flag"
     assert SMG["sse_keepalive_secs"]["kind"] == "int"  # smg's unsigned parser counts as an integer

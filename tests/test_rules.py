@@ -1,4 +1,4 @@
-"""The registry of the plan's rules (pdnode.rules) is whole and true.
+"""The registry of the plan's rules (pdnode.core.rules) is whole and true.
 
 RULE_CASES gives each registered rule a minimal change to inventories/gpu01 (valid; see
 tests/planvars.py) that triggers it: the problem the plan reports carries that rule's id
@@ -19,10 +19,10 @@ import test_plan
 import test_plan_hostile
 from planvars import ROOT, changed
 
-from pdnode import cli
-from pdnode.inventory import load_inventory
-from pdnode.plan import PlanError, build_plan
-from pdnode.rules import BY_ID, RULES
+from pdnode.commands import cli
+from pdnode.core.inventory import load_inventory
+from pdnode.core.plan import PlanError, build_plan
+from pdnode.core.rules import BY_ID, RULES
 
 IB = {i: f"mlx5_{i}" for i in range(8)}
 
@@ -259,7 +259,7 @@ def test_every_call_site_passes_a_registered_id():
     seen: set[str] = set()
     count = 0
     for module in MODULES:
-        path = ROOT / "scripts" / "pdnode" / module
+        path = ROOT / "scripts" / "pdnode" / "core" / module
         for call in _calls(ast.parse(path.read_text(), str(path))):
             count += 1
             first = call.args[0] if call.args else None
@@ -271,9 +271,9 @@ def test_every_call_site_passes_a_registered_id():
             seen.add(first.value)
     assert count > 60  # the walk found the call sites at all
     # the capacity findings' ids are made by Finding.rule_id, not at a call site
-    capacity_source = (ROOT / "scripts" / "pdnode" / "capacity.py").read_text()
+    capacity_source = (ROOT / "scripts" / "pdnode" / "core" / "capacity.py").read_text()
     found = {r for r in BY_ID if f'"{r}"' in capacity_source}
-    cli_source = (ROOT / "scripts" / "pdnode" / "cli.py").read_text()
+    cli_source = (ROOT / "scripts" / "pdnode" / "commands" / "cli.py").read_text()
     judged = {r for r in SGLANG_JUDGE_RULES if f'"{r}"' in cli_source}
     assert judged == SGLANG_JUDGE_RULES, "an SGLang verdict rule no longer passed by pdnode check"
     assert sorted(set(BY_ID) - seen - found - judged) == [], "registered but never passed by any call site"

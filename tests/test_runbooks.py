@@ -1,4 +1,4 @@
-"""Per-host runbooks (pdnode.runbooks): rendered from templates/runbooks/ with each host's
+"""Per-host runbooks (pdnode.commands.runbooks): rendered from templates/runbooks/ with each host's
 real units, ports and paths; no key content; a page per alert of the rules template;
 shell commands that name only units the plan (or the monitoring role) has; the CLI writes
 a host's directory whole or not at all."""
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pdnode import monitoring, runbooks
-from pdnode.cli import main
-from pdnode.inventory import inventory_variables, load_inventory
-from pdnode.plan import build_plan
+from pdnode.core import monitoring
+from pdnode.commands import runbooks
+from pdnode.commands.cli import main
+from pdnode.core.inventory import inventory_variables, load_inventory
+from pdnode.core.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 INVENTORIES = ["gpu01", "gpu01-2p1d", "demo"]

@@ -43,9 +43,9 @@ import pytest
 import yaml
 from planvars import changed
 
-from pdnode.inventory import inventory_hosts, inventory_variables
-from pdnode.plan import PlanError, build_plan
-from pdnode.unitcheck import exec_line
+from pdnode.core.inventory import inventory_hosts, inventory_variables
+from pdnode.core.plan import PlanError, build_plan
+from pdnode.node.unitcheck import exec_line
 
 pytestmark = pytest.mark.integration
 
@@ -404,7 +404,7 @@ def expected(case: Case, sid: str) -> dict[str, Any]:
         "Description": f"SGLang PD {sid} ({case.plan['settings']['pdnode_model_served_name']})",
         "ExecStart": [svc["exec"]],
         "ExecStartPre": [],
-        "ExecStartPost": [[install["python"], "-m", "pdnode.ready", "--timeout", str(case.timeout), *svc["ready"]]],
+        "ExecStartPost": [[install["python"], "-m", "pdnode.node.ready", "--timeout", str(case.timeout), *svc["ready"]]],
         "ExecCondition": [], "ExecReload": [], "ExecStop": [], "ExecStopPost": [],
         "User": install["user"],
         "EnvironmentFiles": [[svc["env_file"], False]],

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pdnode import upgrade, upgrade_probe
+from pdnode.core import upgrade
+from pdnode.node import upgrade_probe
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_VENV = "/opt/sglang-pd/venvs/sim-router-0.3.2-mooncake-0.3.13.post1-cu13-0.3.14"
@@ -115,7 +116,7 @@ def test_probe_process_reads_the_key_file_and_reports_on_sigterm(tmp_path):
     key = tmp_path / "key"
     key.write_text("sekrit-key\n")
     out = tmp_path / "probe.json"
-    proc = subprocess.Popen([sys.executable, str(REPO / "scripts/pdnode/upgrade_probe.py"), "--url",
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts/pdnode/node/upgrade_probe.py"), "--url",
                              f"http://127.0.0.1:{server.server_port}", "--model", "demo", "--out", str(out),
                              "--key-file", str(key), "--interval", "0.05", "--timeout", "120"])
     try:
@@ -167,7 +168,7 @@ def test_probe_clients_stream_and_a_cut_stream_fails(tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     out = tmp_path / "probe.json"
-    proc = subprocess.Popen([sys.executable, str(REPO / "scripts/pdnode/upgrade_probe.py"), "--url",
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts/pdnode/node/upgrade_probe.py"), "--url",
                              f"http://127.0.0.1:{server.server_port}", "--model", "demo", "--out", str(out),
                              "--interval", "0.05", "--timeout", "120", "--clients", "2", "--stream"])
     try:
@@ -185,7 +186,7 @@ def test_probe_clients_stream_and_a_cut_stream_fails(tmp_path):
 
 
 def test_probe_unreadable_key_file_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/pdnode/upgrade_probe.py"), "--url", "http://127.0.0.1:1",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts/pdnode/node/upgrade_probe.py"), "--url", "http://127.0.0.1:1",
                            "--model", "m", "--out", str(tmp_path / "o"), "--key-file", str(tmp_path / "none")],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
@@ -207,7 +208,7 @@ def test_release_of_venv_reads_the_plans_directory_names():
 
 
 def test_release_name_matches_plan_release():
-    from pdnode.plan import _release
+    from pdnode.core.plan import _release
 
     for v in (versions(), versions(pdnode_router_package="smg")):
         name = _release({**v, "pdnode_engine": "sim"})
@@ -222,7 +223,7 @@ def test_decide_without_record_starts_from_the_units_release():
 
 
 def test_decide_reads_the_venv_from_the_router_units_execstart():
-    exec_start = (f"{{ path={OLD_VENV}/bin/python ; argv[]={OLD_VENV}/bin/python -m pdnode.router_launch "
+    exec_start = (f"{{ path={OLD_VENV}/bin/python ; argv[]={OLD_VENV}/bin/python -m pdnode.node.router_launch "
                   "/etc/sglang-pd/router.json ; ignore_errors=no ; start_time=[n/a] ; pid=0 ; code=(null) }")
     assert upgrade.decide(None, exec_start, NEW)["from"] == OLD
     with pytest.raises(upgrade.UpgradeError, match="no release serves"):
@@ -328,7 +329,7 @@ def test_report_rollback_failed(steps, verify):
 
 
 def test_cli_one_line_errors():
-    proc = subprocess.run([sys.executable, "-m", "pdnode.upgrade", "decide"], input=json.dumps(
+    proc = subprocess.run([sys.executable, "-m", "pdnode.core.upgrade", "decide"], input=json.dumps(
         {"record": None, "unit_venv": "", "target": NEW}), capture_output=True, text=True,
         env={"PYTHONPATH": str(REPO / "scripts")}, timeout=30)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr

@@ -1,4 +1,4 @@
-"""Every release the bundle installs has one source: the defaults in scripts/pdnode/fields.py.
+"""Every release the bundle installs has one source: the defaults in scripts/pdnode/core/fields.py.
 
 Every other place that names a version (role defaults and argument_specs, pyproject's
 test pins, mooncake_select, the launcher, the argument tables, the conformance
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdnode import argtable, launcher, mooncake_select
-from pdnode.fields import BY_NAME
+from pdnode.core import argtable, mooncake_select
+from pdnode.node import launcher
+from pdnode.core.fields import BY_NAME
 from pdnode.standin import VERSION as STANDIN_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]

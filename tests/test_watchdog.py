@@ -1,4 +1,4 @@
-"""pdnode.watchdog (the sidecar that feeds systemd's watchdog from /health) and the
+"""pdnode.node.watchdog (the sidecar that feeds systemd's watchdog from /health) and the
 launcher's start of it, against a real notify socket and real processes."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pdnode import watchdog
+from pdnode.node import watchdog
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 WATCHDOG_USEC = "1200000"  # 1.2 s: a ping every 0.3 s
@@ -156,7 +156,7 @@ def start_sidecar(pid, url, address, sock=None) -> Sidecar:
     """Start the sidecar; with sock, return once its first ping arrived (Python start-up
     time is not part of what is measured)."""
     env = dict(os.environ, PYTHONPATH=str(SCRIPTS), NOTIFY_SOCKET=address, WATCHDOG_USEC=WATCHDOG_USEC)
-    side = Sidecar(subprocess.Popen([sys.executable, "-m", "pdnode.watchdog", "--pid", str(pid), "--url", url,
+    side = Sidecar(subprocess.Popen([sys.executable, "-m", "pdnode.node.watchdog", "--pid", str(pid), "--url", url,
                                      "--probe-timeout", "0.3"], env=env, stderr=subprocess.PIPE, text=True))
     if sock is not None:
         wait_pings(sock, 1, side)
@@ -250,7 +250,7 @@ def test_launcher_starts_the_sidecar_outside_the_engines_children(notify_socket,
     """)
     script = textwrap.dedent(f"""
         import os, sys
-        from pdnode import launcher
+        from pdnode.node import launcher
         env = dict(os.environ, WATCHDOG_PID=str(os.getpid()))
         pid = launcher.start_watchdog({health.url!r}, env)
         print(pid, flush=True)
@@ -273,7 +273,7 @@ def test_launcher_starts_the_sidecar_outside_the_engines_children(notify_socket,
 
 
 def test_launcher_without_a_watchdog_starts_nothing():
-    from pdnode import launcher
+    from pdnode.node import launcher
     assert launcher.start_watchdog("http://127.0.0.1:1/health", {"PATH": "/bin"}) is None
 
 

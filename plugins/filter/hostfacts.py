@@ -1,4 +1,4 @@
-"""Ansible filters over pdnode.hostfacts / pdnode.preflight / pdnode.mooncake_select.
+"""Ansible filters over pdnode.core.hostfacts / pdnode.core.preflight / pdnode.core.mooncake_select.
 
 Thin by design: every parser and every rule lives in scripts/pdnode/; these wrappers
 only convert exceptions into AnsibleFilterError.
@@ -12,10 +12,10 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 
 try:
-    from pdnode import hostfacts, mooncake_select, preflight
+    from pdnode.core import hostfacts, mooncake_select, preflight
 except ImportError:  # not installed (e.g. ansible-core carried as wheels): use the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    from pdnode import hostfacts, mooncake_select, preflight
+    from pdnode.core import hostfacts, mooncake_select, preflight
 
 
 def pdnode_hostfacts(raw):

@@ -1,4 +1,4 @@
-"""Ansible filters over the pdnode plan core. No rule lives here: see scripts/pdnode/plan.py."""
+"""Ansible filters over the pdnode plan core. No rule lives here: see scripts/pdnode/core/plan.py."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 
 try:
-    from pdnode import unitcheck, values
-    from pdnode.cluster import layout_view
-    from pdnode.plan import PlanError, build_plan
+    from pdnode.node import unitcheck
+    from pdnode.core import values
+    from pdnode.core.cluster import layout_view
+    from pdnode.core.plan import PlanError, build_plan
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    from pdnode import unitcheck, values
-    from pdnode.cluster import layout_view
-    from pdnode.plan import PlanError, build_plan
+    from pdnode.node import unitcheck
+    from pdnode.core import values
+    from pdnode.core.cluster import layout_view
+    from pdnode.core.plan import PlanError, build_plan
 
 
 def _site_variables(hostvars) -> dict:
@@ -64,7 +66,7 @@ def pdnode_layout_view(plan, hostvars) -> dict:
 
 def pdnode_exec_line(argv, prefix: str = "") -> str:
     """An argv list -> the value of a unit's Exec*= line (every argument double-quoted,
-    '\\' '"' escaped, '%' and '$' doubled; pdnode.unitcheck.exec_line), one argument per
+    '\\' '"' escaped, '%' and '$' doubled; pdnode.node.unitcheck.exec_line), one argument per
     continued line. The one place where values are written into a command line of a unit."""
     try:
         return unitcheck.exec_line(list(argv), prefix, sep=" \\\n    ")
@@ -74,7 +76,7 @@ def pdnode_exec_line(argv, prefix: str = "") -> str:
 
 def pdnode_role_value_problem(value, name: str) -> str:
     """'' when the role variable NAME may hold VALUE, else one line: "NAME must ... (got
-    VALUE); fix: ..." (pdnode.values.ROLE_RULES: the rules `pdnode check` applies too)."""
+    VALUE); fix: ..." (pdnode.core.values.ROLE_RULES: the rules `pdnode check` applies too)."""
     return values.role_value_problem(name, value) or ""
 
 

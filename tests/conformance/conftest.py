@@ -1,6 +1,6 @@
 """Conformance tests: ServerArgs dicts judged by SGLang 0.5.23's own validation.
 
-The judge is `pdnode.launcher --check`, run by the Python of the environment that
+The judge is `pdnode.node.launcher --check`, run by the Python of the environment that
 `scripts/sglang-validator` builds (~/.cache/pdnode/sglang-validator: Python 3.11, CPU torch,
 sglang --no-deps). Building it takes a few minutes the first time and well under a
 second afterwards. If it cannot be built the tests fail -- they are never skipped:
@@ -75,7 +75,7 @@ def _run_check(python: Path, cases: dict[str, dict], extra: list[str] | None = N
             paths.append(str(path))
         env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"))
         r = subprocess.run(
-            [str(python), "-m", "pdnode.launcher", "--check", *(extra or []), *paths],
+            [str(python), "-m", "pdnode.node.launcher", "--check", *(extra or []), *paths],
             capture_output=True,
             text=True,
             env=env,
@@ -88,7 +88,7 @@ def _run_check(python: Path, cases: dict[str, dict], extra: list[str] | None = N
         line = next((ln for ln in lines if re.match(pattern, ln)), None)
         if line is None:
             pytest.fail(
-                f"no verdict for {name} from pdnode.launcher --check (exit {r.returncode})\n"
+                f"no verdict for {name} from pdnode.node.launcher --check (exit {r.returncode})\n"
                 f"stdout: {_tail(r.stdout)}\nstderr: {_tail(r.stderr)}",
                 pytrace=False,
             )

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdnode import sglang_judge
-from pdnode.inventory import load_inventory
-from pdnode.plan import build_plan
+from pdnode.core import sglang_judge
+from pdnode.core.inventory import load_inventory
+from pdnode.core.plan import build_plan
 
 pytestmark = pytest.mark.conformance
 
@@ -109,7 +109,7 @@ def judged(sglang_env, tmp_path_factory):
 def _check(inv: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-m", "pdnode.cli", "check", *extra, str(inv)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pdnode.commands.cli", "check", *extra, str(inv)], capture_output=True,
                           text=True, check=False, cwd=REPO, env={**os.environ, **env}, timeout=900)
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from sglang_cases import DEEPSEEK_V3_TINY, with_
 
-from pdnode.inventory import load_inventory
-from pdnode.plan import build_plan
+from pdnode.core.inventory import load_inventory
+from pdnode.core.plan import build_plan
 
 pytestmark = pytest.mark.conformance
 
@@ -151,7 +151,7 @@ def test_not_caught_by_sglang(verdicts, case):
 
 def test_the_launcher_passes_the_multi_node_flags():
     """What SGLang's parser receives on node rank 1 (the validator judged the same argv)."""
-    from pdnode.launcher import to_argv
+    from pdnode.node.launcher import to_argv
 
     argv = to_argv(spanning("decode", 1))
     pairs = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}

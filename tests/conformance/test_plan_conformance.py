@@ -1,6 +1,6 @@
 """The plan core's ServerArgs (<config_dir>/<service>.json), judged by SGLang 0.5.23 itself.
 
-pdnode.plan.build_plan(inventory) must produce ServerArgs that the real SGLang accepts,
+pdnode.core.plan.build_plan(inventory) must produce ServerArgs that the real SGLang accepts,
 for every engine service of every layout. Only model_path is swapped for a tiny local
 model of the same kind (the inventory's /models/... directory is on the GPU host, not
 here); every other field is the plan's.
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from sglang_cases import DECODE_DP4_EP4, DEEPSEEK_V3_TINY, PREFILL_TP4, QWEN2_TINY, with_
 
-from pdnode.inventory import load_inventory
-from pdnode.plan import build_plan
+from pdnode.core.inventory import load_inventory
+from pdnode.core.plan import build_plan
 
 pytestmark = pytest.mark.conformance
 
@@ -199,7 +199,7 @@ def test_sglang_replaces_a_wrong_ep_size_under_deepep(sglang_env, tmp_path):
     silently runs with ep_size = tp_size (its log says so), so the value would not hold."""
     path = tmp_path / "decode-deepep-ep2.json"
     path.write_text(json.dumps(with_(DECODE_DP4_EP4, ep_size=2, moe_a2a_backend="deepep")))
-    r = subprocess.run([str(sglang_env), "-m", "pdnode.launcher", "--check", "--verbose", str(path)],
+    r = subprocess.run([str(sglang_env), "-m", "pdnode.node.launcher", "--check", "--verbose", str(path)],
                        capture_output=True, text=True, timeout=900, check=False,
                        env=dict(os.environ, PYTHONPATH=str(REPO / "scripts")))
     out = r.stdout + r.stderr

@@ -1,4 +1,4 @@
-"""What pdnode.launcher assumes about SGLang 0.5.23's command line, checked against
+"""What pdnode.node.launcher assumes about SGLang 0.5.23's command line, checked against
 the installed parser (run inside the validator environment)."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_launcher_tables_match_the_installed_parser(sglang_env):
         sglang_env,
         PARSER
         + """
-from pdnode.launcher import table_drift
+from pdnode.node.launcher import table_drift
 print(json.dumps({k: [list(v[0]), list(v[1])] for k, v in table_drift(parser).items()}))
 """,
     )
@@ -103,7 +103,7 @@ def test_ib_device_mapping_round_trip(sglang_env):
         sglang_env,
         """
 import json
-from pdnode.launcher import to_argv
+from pdnode.node.launcher import to_argv
 from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import (
     get_ib_devices_for_gpu, parse_ib_device_config)
 argv = to_argv({"disaggregation_ib_device": {"4": "mlx5_4", "5": "mlx5_5,mlx5_6"}})
@@ -125,7 +125,7 @@ def test_launcher_is_standard_library_only(sglang_env):
         """
 import json, sys
 before = set(sys.modules)
-import pdnode.launcher
+import pdnode.node.launcher
 new = {m.split(".")[0] for m in set(sys.modules) - before}
 std = set(sys.stdlib_module_names) | {"pdnode"}
 print(json.dumps(sorted(new - std)))

@@ -1,4 +1,4 @@
-"""The stand-in's hand-off follows the path the plan rendered (pdnode.kv_path): it reads
+"""The stand-in's hand-off follows the path the plan rendered (pdnode.core.kv_path): it reads
 Mooncake's own switches from its environment (MC_INTRANODE_NVLINK, MC_FORCE_TCP), says
 which path it runs, and paces each transfer to PDNODE_SIM_KV_GB_S, the plan's speed for
 that path. The bytes cross loopback TCP either way; pacing is a lower bound on each

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdnode.inventory import load_inventory
-from pdnode.planner_model import fit, predict, run_from_bench
+from pdnode.core.inventory import load_inventory
+from pdnode.core.planner_model import fit, predict, run_from_bench
 
 from .layout_node import closed_loop, layout_node
 from .node import REPO

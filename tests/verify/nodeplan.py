@@ -1,7 +1,7 @@
 """Plans for the verifier's tests, in the plan's shape (plan["services"]: N prefill + M
 decode instances and the router).
 
-plan_for(node): the REAL plan (pdnode.plan.build_plan) of a running stand-in node -- the
+plan_for(node): the REAL plan (pdnode.core.plan.build_plan) of a running stand-in node -- the
 one-pair node of tests/standin/node.py or a cluster of tests/verify/cluster.py -- from the
 demo inventory's variables with the node's instances, GPUs and free ports.
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from pdnode.fields import FIELDS
-from pdnode.plan import build_plan
+from pdnode.core.fields import FIELDS
+from pdnode.core.plan import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,7 +101,7 @@ def contract_plan(router_port: int = 1, *, prefills: int = 1, decodes: int = 1, 
     services["router"] = {
         "id": "router", "role": "router", "name": "router", "unit": "x-router.service",
         "url": f"http://127.0.0.1:{router_port}", "metrics_url": f"http://127.0.0.1:{m_port}/metrics",
-        "exec": ["python", "-m", "pdnode.router_launch", "/etc/x/router.json"],
+        "exec": ["python", "-m", "pdnode.node.router_launch", "/etc/x/router.json"],
         "args": {"host": "127.0.0.1", "port": router_port, "prometheus_host": "127.0.0.1", "prometheus_port": m_port,
                  "pd_disaggregation": True,
                  "prefill": [[s["url"], s["bootstrap_port"]] for s in services.values() if s["role"] == "prefill"],

@@ -1,4 +1,4 @@
-"""A real router (sglang-router or smg) started by pdnode.router_launch for the router tests:
+"""A real router (sglang-router or smg) started by pdnode.node.router_launch for the router tests:
 key files as the unit writes them, the process started, awaited and stopped."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""pdnode.drain against the REAL routers (sglang-router 0.3.2 and smg 1.13.0, started by
-pdnode.router_launch as the unit starts them) in front of stand-in engines on loopback
+"""pdnode.node.drain against the REAL routers (sglang-router 0.3.2 and smg 1.13.0, started by
+pdnode.node.router_launch as the unit starts them) in front of stand-in engines on loopback
 (issue 18): an instance leaves the router, its requests finish, it can stop without a
 failed request, it comes back; a worker an interrupted drain left out is put back, and
 the verifier names it while it is out.
@@ -52,7 +52,7 @@ def node_2p2d(d: Path, package: str) -> Iterator[dict[str, Any]]:
         if package == "smg":
             router["log_json"] = True
         (d / "router.json").write_text(json.dumps(router))
-        argv = [sys.executable, "-m", "pdnode.router_launch", str(d / "router.json"), "--router-package", package,
+        argv = [sys.executable, "-m", "pdnode.node.router_launch", str(d / "router.json"), "--router-package", package,
                 "--admin-key-file", key_file(d, "admin", ADMIN), "--api-key-file", key_file(d, "client", CLIENT)]
         base = f"http://127.0.0.1:{rp}"
         with router_process(argv, d, base + "/readiness", {"HF_HUB_OFFLINE": "1"},
@@ -68,11 +68,11 @@ def node_2p2d(d: Path, package: str) -> Iterator[dict[str, Any]]:
 
 def drain(n: dict[str, Any], command: str, ids: list[str], timeout_s: float = 120,
           router: str | None = None) -> tuple[dict[str, Any], list[str]]:
-    """Run `python -m pdnode.drain COMMAND` as the Ansible task does (spec on stdin)."""
+    """Run `python -m pdnode.node.drain COMMAND` as the Ansible task does (spec on stdin)."""
     spec = {"router": router or n["base"], "admin_key_file": str(n["dir"] / "admin"),
             "api_key_file": str(n["dir"] / "client"), "timeout_s": timeout_s,
             "workers": [n["workers"][i] for i in ids]}
-    r = subprocess.run([sys.executable, "-m", "pdnode.drain", command], input=json.dumps(spec), text=True,
+    r = subprocess.run([sys.executable, "-m", "pdnode.node.drain", command], input=json.dumps(spec), text=True,
                        capture_output=True, timeout=600, check=False,
                        env={**os.environ, "PYTHONPATH": str(REPO / "scripts")})
     assert r.returncode == 0, r.stdout + r.stderr
@@ -188,7 +188,7 @@ def long_stream(n: dict[str, Any], max_tokens: int) -> tuple[threading.Thread, l
     import time
 
     from node import request
-    from pdnode.drain import busy
+    from pdnode.node.drain import busy
 
     done: list[str] = []
 

@@ -142,14 +142,14 @@ def _targets(argv: list[str]) -> dict:
 
 def test_inventory_entry_with_loopback_address_is_remote(tmp_path):
     inv = _inventory(tmp_path, ansible_host="192.0.2.10", ansible_user="ops")
-    t = _targets(["-m", "pdnode.cli", "verify", str(inv), "--node-address", "127.0.0.1", "--json", "--timeout", "1"])
+    t = _targets(["-m", "pdnode.commands.cli", "verify", str(inv), "--node-address", "127.0.0.1", "--json", "--timeout", "1"])
     assert t["on_node"] is False and t["instances"]["prefill-0"]["url"] is None
     assert t["router_url"].startswith("http://127.0.0.1:")
-    t = _targets(["-m", "pdnode.cli", "verify", str(inv), "--node-address", "127.0.0.1", "--on-node", "--json",
+    t = _targets(["-m", "pdnode.commands.cli", "verify", str(inv), "--node-address", "127.0.0.1", "--on-node", "--json",
                   "--timeout", "1"])
     assert t["on_node"] is True and t["instances"]["prefill-0"]["url"].startswith("http://127.0.0.1:")
     local = _inventory(tmp_path / "l", ansible_connection="local")
-    assert _targets(["-m", "pdnode.cli", "verify", str(local), "--json", "--timeout", "1"])["on_node"] is True
+    assert _targets(["-m", "pdnode.commands.cli", "verify", str(local), "--json", "--timeout", "1"])["on_node"] is True
 
 
 def test_plan_entry_is_the_node_unless_remote(tmp_path):
@@ -182,7 +182,7 @@ def test_tripped_circuit_on_an_idle_recovered_node_passes(tmp_path):
     verifier's own requests go through and close the circuit: no false FAIL."""
     from node import request, standin_node
     from nodeplan import plan_for
-    from pdnode.router_launch import control_plane_args
+    from pdnode.node.router_launch import control_plane_args
 
     admin = tmp_path / "admin"
     admin.write_text("adm-cb-test\n")

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from nodeplan import plan_for
 
-from pdnode.router_launch import control_plane_args
+from pdnode.node.router_launch import control_plane_args
 from pdnode.verify.config import build_run
 from pdnode.verify.engine import Report, verify
 
@@ -158,7 +158,7 @@ def test_both_entry_points_agree(node, plan, key_file, admin_key_file, tmp_path)
     a = subprocess.run([sys.executable, "-m", "pdnode.verify", "--plan", str(plan_file), *common],
                        capture_output=True, text=True, timeout=120, env=env)
     TIMINGS["cli_plan_entry_skip_burst_s"] = round(time.monotonic() - t0, 2)
-    b = subprocess.run([sys.executable, "-m", "pdnode.cli", "verify", str(inv), *common],
+    b = subprocess.run([sys.executable, "-m", "pdnode.commands.cli", "verify", str(inv), *common],
                        capture_output=True, text=True, timeout=120, env=env)
     assert a.returncode == b.returncode == 0, a.stdout + a.stderr + b.stdout + b.stderr
     ja, jb = json.loads(a.stdout), json.loads(b.stdout)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from nodeplan import contract_plan
 
-from pdnode.inventory import load_inventory
-from pdnode.plan import build_plan
+from pdnode.core.inventory import load_inventory
+from pdnode.core.plan import build_plan
 from pdnode.verify.checks import all_checks
 from pdnode.verify.config import build_run
 
@@ -57,8 +57,8 @@ def test_every_instance_of_a_real_plan_is_checked(inventory, prefills, decodes):
 
 def test_the_threshold_table_exists_once():
     """verify/thresholds.py is the table; the inventory's validation and docs read the same
-    keys (pdnode.fields), the alert rules a subset (pdnode.monitoring)."""
-    from pdnode import fields, monitoring
+    keys (pdnode.core.fields), the alert rules a subset (pdnode.core.monitoring)."""
+    from pdnode.core import fields, monitoring
     from pdnode.verify import thresholds
 
     assert fields.THRESHOLD_KEYS == thresholds.THRESHOLD_KEYS

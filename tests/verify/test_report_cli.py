@@ -135,7 +135,7 @@ def test_bad_arguments_exit_2(tmp_path):
 
 
 def test_inventory_entry(tmp_path):
-    from pdnode.cli import main
+    from pdnode.commands.cli import main
 
     assert main(["verify", str(tmp_path / "no-inventory")]) == 2
     # the demo inventory's node is a container name that does not resolve here

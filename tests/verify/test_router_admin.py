@@ -1,6 +1,6 @@
 """The router's worker management answers to the admin key only (issue 9, item 6).
 
-Against the REAL sglang-router 0.3.2, started by pdnode.router_launch exactly as the
+Against the REAL sglang-router 0.3.2, started by pdnode.node.router_launch exactly as the
 unit starts it (router JSON from the plan, --api-key-file, --admin-key-file), in front
 of stand-in workers on loopback. Without the admin key, with no client key configured,
 `curl -X DELETE http://NODE:8000/workers/<decode id>` took decode out: a full outage
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from nodeplan import plan_for
-from pdnode import router_launch
+from pdnode.node import router_launch
 from pdnode.verify.config import build_run
 from pdnode.verify.engine import verify
 from routerproc import call, decode_out_and_back, key_file, router_process
@@ -30,14 +30,14 @@ ADMIN = "adm-0c41:with-colons:9e"  # sglang-router splits id:name:role:key at th
 
 @contextlib.contextmanager
 def launched_node(d: Path, client_key: str | None) -> Iterator[Any]:
-    """Stand-in prefill + decode, and the router started by pdnode.router_launch."""
+    """Stand-in prefill + decode, and the router started by pdnode.node.router_launch."""
     from node import standin_node
 
     with standin_node(d, api_key=client_key, router=False) as node:
         plan = plan_for(node, pdnode_router_package="sglang-router")
         router = dict(plan["services"]["router"]["args"], worker_startup_check_interval=1, shutdown_grace_period_secs=1)
         (d / "router.json").write_text(json.dumps(router))
-        argv = [sys.executable, "-m", "pdnode.router_launch", str(d / "router.json"), "--router-package", "sglang-router",
+        argv = [sys.executable, "-m", "pdnode.node.router_launch", str(d / "router.json"), "--router-package", "sglang-router",
                 "--admin-key-file", key_file(d, "router-admin-key", ADMIN)]
         if client_key:
             argv += ["--api-key-file", key_file(d, "api-key", client_key)]

@@ -5,7 +5,7 @@ stand-in workers after the traffic the readers watch: plain and streamed complet
 a failing prefill (the error and circuit-breaker series).
 
 The names are read from the readers themselves (the alert rules rendered from a plan of
-that package, the dashboard and runbook templates, pdnode.verify and pdnode.bench*), so a
+that package, the dashboard and runbook templates, pdnode.verify and pdnode.commands.bench*), so a
 name added there is checked here without a list to keep. Routers export a family only once
 something touched it, hence the traffic; a name the routers never export fails, naming it.
 """
@@ -25,7 +25,7 @@ from nodeplan import plan_for
 from routerproc import REPO, key_file, router_process
 from test_router_smg import _require_smg
 
-from pdnode import monitoring
+from pdnode.core import monitoring
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ ADMIN = "adm-metric-names"
 # Where the readers live: the router's metric names they read all start with smg_ (both
 # packages export smg_*: sglang-router 0.3.2 already used its successor's names).
 READERS = [REPO / "templates" / "grafana", REPO / "templates" / "runbooks", REPO / "scripts" / "pdnode" / "verify",
-           *sorted((REPO / "scripts" / "pdnode").glob("bench*.py"))]
+           *sorted((REPO / "scripts" / "pdnode").rglob("bench*.py"))]
 NAME = re.compile(r"\bsmg_[a-z0-9_]*(?:\([a-z0-9_|]+\))?[a-z0-9_]*")
 
 
@@ -86,7 +86,7 @@ def router_node(d: Path, package: str) -> Iterator[Any]:
         router = dict(plan["services"]["router"]["args"], worker_startup_check_interval=1,
                       shutdown_grace_period_secs=1, cb_failure_threshold=2, cb_timeout_duration_secs=1)
         (d / "router.json").write_text(json.dumps(router))
-        argv = [sys.executable, "-m", "pdnode.router_launch", str(d / "router.json"), "--router-package", package,
+        argv = [sys.executable, "-m", "pdnode.node.router_launch", str(d / "router.json"), "--router-package", package,
                 "--admin-key-file", key_file(d, "router-admin-key", ADMIN),
                 "--api-key-file", key_file(d, "api-key", CLIENT)]
         with router_process(argv, d, node.router_url + "/readiness", {"HF_HUB_OFFLINE": "1"}):

@@ -1,5 +1,5 @@
 """The REAL smg 1.13.0 (the successor of sglang-router, docs/smg.md) in PD mode in front
-of stand-in workers on loopback, started by pdnode.router_launch --router-package smg
+of stand-in workers on loopback, started by pdnode.node.router_launch --router-package smg
 from the router JSON the plan renders, exactly as the unit would start it.
 
 smg must be importable by the Python that runs the router: the project venv once
@@ -45,7 +45,7 @@ def _require_smg() -> None:
 
 @contextlib.contextmanager
 def smg_node(d: Path, client_key: str | None) -> Iterator[Any]:
-    """Stand-in prefill + decode, and smg started by pdnode.router_launch."""
+    """Stand-in prefill + decode, and smg started by pdnode.node.router_launch."""
     from node import standin_node
 
     _require_smg()
@@ -54,7 +54,7 @@ def smg_node(d: Path, client_key: str | None) -> Iterator[Any]:
         router = dict(plan["services"]["router"]["args"], worker_startup_check_interval=1,
                       shutdown_grace_period_secs=1, log_json=True)
         (d / "router.json").write_text(json.dumps(router))
-        argv = [SMG_PYTHON, "-m", "pdnode.router_launch", str(d / "router.json"), "--router-package", "smg",
+        argv = [SMG_PYTHON, "-m", "pdnode.node.router_launch", str(d / "router.json"), "--router-package", "smg",
                 "--admin-key-file", key_file(d, "router-admin-key", ADMIN)]
         if client_key:
             argv += ["--api-key-file", key_file(d, "api-key", client_key)]
@@ -167,12 +167,12 @@ def test_the_verifier_passes_against_smg(node, tmp_path):
 
 def test_smg_argument_table_is_current():
     _require_smg()
-    r = subprocess.run([SMG_PYTHON, "-m", "pdnode.argtable", "smg"], capture_output=True, text=True, check=False,
+    r = subprocess.run([SMG_PYTHON, "-m", "pdnode.core.argtable", "smg"], capture_output=True, text=True, check=False,
                        env={**os.environ, "PYTHONPATH": str(REPO / "scripts")}, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     committed = json.loads((REPO / "scripts/pdnode/data/routerargs-smg-1.13.0.json").read_text())
     assert json.loads(r.stdout) == committed, (
-        "regenerate: PYTHONPATH=scripts python -m pdnode.argtable smg > scripts/pdnode/data/routerargs-smg-1.13.0.json")
+        "regenerate: PYTHONPATH=scripts python -m pdnode.core.argtable smg > scripts/pdnode/data/routerargs-smg-1.13.0.json")
 
 
 def test_without_a_client_key_the_admin_key_still_guards_workers(tmp_path):

@@ -1,5 +1,5 @@
 """What smg 1.13.0 does when one of two prefills dies (docs/smg.md, "Failures"): 2P1D
-stand-ins on loopback, smg started by pdnode.router_launch, kill -9 of one prefill,
+stand-ins on loopback, smg started by pdnode.node.router_launch, kill -9 of one prefill,
 then requests. sglang-router 0.3.2 loses no request here.
 
 - a policy that moves a retry to another prefill (power_of_two): no failed request;
@@ -46,7 +46,7 @@ def smg_2p1d(d: Path, policy: str) -> Iterator[dict[str, Any]]:
                   "prometheus_port": mp, "policy": policy, "cb_timeout_duration_secs": CIRCUIT_OPEN_S,
                   "worker_startup_check_interval": 1, "shutdown_grace_period_secs": 1, "log_json": True}
         (d / "router.json").write_text(json.dumps(router))
-        argv = [SMG_PYTHON, "-m", "pdnode.router_launch", str(d / "router.json"), "--router-package", "smg",
+        argv = [SMG_PYTHON, "-m", "pdnode.node.router_launch", str(d / "router.json"), "--router-package", "smg",
                 "--admin-key-file", key_file(d, "admin", ADMIN)]
         base = f"http://127.0.0.1:{rp}"
         with router_process(argv, d, base + "/readiness", ready=lambda r: r.json().get("healthy_workers") == 3):

@@ -64,7 +64,7 @@ def run(host, inventory, keys, tmp_path_factory):
     env["ANSIBLE_NOCOLOR"] = "1"
     before = units_state(host)
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pdnode.cli", "collect", str(inventory), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "pdnode.commands.cli", "collect", str(inventory), "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, timeout=300, check=False)
     took = time.monotonic() - t0
     print(f"\npdnode collect on the node: {took:.1f} s")

@@ -133,7 +133,7 @@ def test_completion_through_the_router(host):
 
 @pytest.fixture(scope="module")
 def plan_on_host(host):
-    plan = subprocess.run([sys.executable, "-m", "pdnode.cli", "render", "inventories/demo", "--role", "plan"],
+    plan = subprocess.run([sys.executable, "-m", "pdnode.commands.cli", "render", "inventories/demo", "--role", "plan"],
                           cwd=REPO, capture_output=True, text=True, check=True).stdout
     data = json.loads(plan)
     data["settings"]["pdnode_api_key_file"] = "molecule/node/files/test-api-key"

@@ -101,7 +101,7 @@ def test_admin_key_is_no_client_key(host):
 
 @pytest.fixture(scope="module")
 def plan_file(host):
-    plan = subprocess.run([sys.executable, "-m", "pdnode.cli", "render", "inventories/demo", "--role", "plan"],
+    plan = subprocess.run([sys.executable, "-m", "pdnode.commands.cli", "render", "inventories/demo", "--role", "plan"],
                           cwd=REPO, capture_output=True, text=True, check=True).stdout
     data = json.loads(plan)
     data["settings"]["pdnode_api_key_file"] = "molecule/node/files/test-api-key"

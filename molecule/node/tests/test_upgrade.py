@@ -60,7 +60,7 @@ def playbook(inventory: Path, name: str) -> subprocess.CompletedProcess:
 
 
 def release(router: str, cu13: str) -> str:
-    from pdnode.fields import BY_NAME
+    from pdnode.core.fields import BY_NAME
 
     mooncake = BY_NAME["pdnode_mooncake_version"].default
     part = f"router-{BY_NAME['pdnode_sglang_router_version'].default}" if router == "sglang-router" \
@@ -87,7 +87,7 @@ def router_running(host) -> list[str]:
 @pytest.fixture(scope="module")
 def versions(inventory, tmp_path_factory):
     """An inventory per release: the scenario's host_vars with other versions."""
-    from pdnode.fields import BY_NAME
+    from pdnode.core.fields import BY_NAME
 
     base = yaml.safe_load((inventory / "host_vars" / f"{CONTAINER}.yml").read_text()) or {}
     cu13 = BY_NAME["pdnode_mooncake_cuda13_version"].default

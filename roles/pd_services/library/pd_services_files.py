@@ -132,7 +132,7 @@ EXAMPLES = r"""
         mode: "0644"
         unit: true
         roles: [app]
-        validate: [/usr/bin/python3, -m, pdnode.unitcheck, "%s", app.service]
+        validate: [/usr/bin/python3, -m, pdnode.node.unitcheck, "%s", app.service]
     applied_dir: /var/lib/pdnode/applied/app
   register: written
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 from .faults import FaultError, parse_faults
 from .rendezvous import DEFAULT_TIMEOUT_S, parse_dist_init_addr
-from ..plan import known_server_args
-from ..secrets import SecretError, read_secret_file
+from ..core.plan import known_server_args
+from ..node.secrets import SecretError, read_secret_file
 
 TRANSFER_BACKENDS = ("mooncake", "mooncake_tcp")
 REDACTED_FIELDS = ("ssl_keyfile_password", "watermark_key", "watermark_key_b")  # never in /server_info
@@ -373,7 +373,7 @@ def load_sim_settings(env: Mapping[str, str] | None = None) -> SimSettings:
 
 
 def read_api_key(path: str | os.PathLike[str]) -> str:
-    """The key in PATH, read exactly as the launcher reads it (pdnode.secrets)."""
+    """The key in PATH, read exactly as the launcher reads it (pdnode.node.secrets)."""
     try:
         return read_secret_file(os.fspath(path))
     except SecretError as exc:

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from . import access as acc
 from . import metrics as pm
-from ..secrets import read_secret_file
+from ..node.secrets import read_secret_file
 from .config import Instance, Run
 from .http import Deadline, Response, request
 from .thresholds import M_REQS
@@ -95,7 +95,7 @@ class Ctx:
                 self.key_raw = fh.read()
             self.key = acc.key_from_file_content(self.key_raw)
         # The router's control-plane key: read like the router's launcher reads it
-        # (pdnode.secrets refuses files others can read); sent to /workers only.
+        # (pdnode.node.secrets refuses files others can read); sent to /workers only.
         self.admin_key = read_secret_file(run.admin_key_file) if run.admin_key_file else None
 
     # --- HTTP --------------------------------------------------------------------------

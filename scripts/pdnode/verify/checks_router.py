@@ -62,7 +62,7 @@ def compare_workers(ctx: Ctx, workers: list[Any]) -> Workers:
 
 LEFT_OUT_HINT = ("a planned worker the router does not list was taken out (a drain before a planned stop, "
                  "interrupted?): playbooks/deploy.yml or playbooks/restart.yml puts it back once its engine is ready "
-                 "(pdnode.drain reconcile)")
+                 "(pdnode.node.drain reconcile)")
 
 
 def check_router(ctx: Ctx) -> Result:

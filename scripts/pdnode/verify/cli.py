@@ -113,10 +113,10 @@ def _cannot_run(args: argparse.Namespace, why: str) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..inventory import InventoryError, inventory_variables, load_inventory
-    from ..plan import PlanError, build_plan
+    from ..core.inventory import InventoryError, inventory_variables, load_inventory
+    from ..core.plan import PlanError, build_plan
 
-    from ..cluster import layout_view
+    from ..core.cluster import layout_view
 
     try:
         hv = load_inventory(args.inventory, args.host)
@@ -140,7 +140,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    """Add `pdnode verify` to pdnode's subcommands (called by pdnode.cli)."""
+    """Add `pdnode verify` to pdnode's subcommands (called by pdnode.commands.cli)."""
     p = sub.add_parser("verify", help="verify a running node (exit 0 ok, 1 a check failed, 2 could not run)",
                        description="Verify a deployed PD node through its public surface.", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)

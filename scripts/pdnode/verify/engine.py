@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..secrets import SecretError
+from ..node.secrets import SecretError
 from .checks import FAIL, NA, PASS, SKIP, WARN, CheckResult, Ctx, Result, all_checks, gate
 from .config import Run
 from .http import port_open

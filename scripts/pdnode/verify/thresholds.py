@@ -1,6 +1,6 @@
 """The threshold table and the metric names the verifier relies on: the ONE place they are written.
 
-No imports: pdnode.fields (inventory validation, docs/inventory.md) and pdnode.monitoring
+No imports: pdnode.core.fields (inventory validation, docs/inventory.md) and pdnode.core.monitoring
 (alert rules) read THRESHOLD_KEYS from here without loading the verifier's HTTP and
 Prometheus code. Metric names are SGLang 0.5.23's.
 """
