@@ -28,6 +28,7 @@ import yaml
 from pdnode.commands import bench, bench_report
 from pdnode.node import bench_counters
 from pdnode.commands.cli import main as pdnode_main
+from pdnode.verify.metrics import parse
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "sk-bench-3f9a1c77"  # the integration node's (a test value)
@@ -51,7 +52,7 @@ def reading(**instances: tuple[str, str | None, str | None]) -> dict[str, Any]:
     out = {}
     for iid, (role, text, error) in instances.items():
         out[iid.replace("_", "-")] = {"role": role, "url": "http://127.0.0.1:1/metrics", "error": error,
-                                      "counters": bench_counters.counters_from_text(text) if text else {}}
+                                      "metrics": bench_counters.counter_lines(text) if text else ""}
     return {"schema": bench_counters.SCHEMA, "instances": out}
 
 
@@ -125,10 +126,22 @@ def test_client_errors_are_distinct_last_lines() -> None:
 
 # --- the counters ----------------------------------------------------------------------------
 def test_counters_from_sglang_text_keep_every_series() -> None:
-    got = bench_counters.counters_from_text((DATA / "prefill_after.prom").read_text())
-    assert set(got) == set(bench_counters.COUNTERS)
-    [(labels, value)] = got["sglang:prompt_tokens_total"]
-    assert labels["engine_type"] == "prefill" and value == 474.0
+    text = (DATA / "prefill_after.prom").read_text()
+    kept = bench_counters.counter_lines(text)
+    assert len(kept) < len(text) / 4  # only the counters' lines travel
+    snap = bench_report.snapshot_of({"metrics": kept})
+    assert {name for name in bench_counters.COUNTERS if snap.series(name)} == set(bench_counters.COUNTERS)
+    assert snap.series("sglang:prompt_tokens_total") == parse(text).series("sglang:prompt_tokens_total")
+    [(labels, value)] = snap.series("sglang:prompt_tokens_total").items()
+    assert dict(labels)["engine_type"] == "prefill" and value == 474.0
+
+
+def test_counters_that_do_not_parse_are_the_instances_error() -> None:
+    good = reading(prefill_0=("prefill", prom("prefill", 5, 400, 5), None))
+    bad = json.loads(json.dumps(good))
+    bad["instances"]["prefill-0"]["metrics"] = "sglang:num_requests_total{ 7\n"
+    row = bench_report.instance_work(good, bad)["prefill-0"]
+    assert row["requests"] is None and "prefill-0" not in row["error"] and "/metrics" in row["error"]
 
 
 def test_instance_work_is_the_counter_delta_per_instance() -> None:
@@ -220,7 +233,8 @@ def test_snapshot_reads_every_engine_of_the_plan_and_reports_one_that_does_not_a
         srv.shutdown()
         srv.server_close()
     assert list(snap["instances"]) == ["prefill-0", "decode-0"]
-    assert snap["instances"]["prefill-0"]["counters"]["sglang:num_requests_total"][0][1] == 3.0
+    assert bench_report.snapshot_of(snap["instances"]["prefill-0"]).series("sglang:num_requests_total") == {
+        (("engine_type", "prefill"), ("is_streaming", "true"), ("model_name", "m")): 3.0}
     assert snap["instances"]["prefill-0"]["error"] is None
     assert "decode-0" in snap["instances"] and snap["instances"]["decode-0"]["error"]
 
@@ -602,9 +616,9 @@ def test_the_playbook_reads_every_engines_counters_on_the_host(node: tuple[Path,
     assert got["schema"] == bench_counters.SCHEMA and sorted(got["instances"]) == ["decode-0", "prefill-0", "prefill-1"]
     for iid, inst in got["instances"].items():
         assert inst["error"] is None, inst
-        assert inst["counters"] == direct["instances"][iid]["counters"]
-    decode = got["instances"]["decode-0"]["counters"]
-    assert sum(v for _, v in decode["sglang:generation_tokens_total"]) >= 2
+        assert inst["metrics"] == direct["instances"][iid]["metrics"]
+    decode = bench_report.snapshot_of(got["instances"]["decode-0"])
+    assert sum(decode.series("sglang:generation_tokens_total").values()) >= 2
 
 
 @pytest.mark.integration

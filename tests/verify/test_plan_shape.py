@@ -56,10 +56,10 @@ def test_every_instance_of_a_real_plan_is_checked(inventory, prefills, decodes):
 
 
 def test_the_threshold_table_exists_once():
-    """verify/thresholds.py is the table; the inventory's validation and docs read the same
+    """core/thresholds.py is the table; the inventory's validation and docs read the same
     keys (pdnode.core.fields), the alert rules a subset (pdnode.core.monitoring)."""
     from pdnode.core import fields, monitoring
-    from pdnode.verify import thresholds
+    from pdnode.core import thresholds
 
     assert fields.THRESHOLD_KEYS == thresholds.THRESHOLD_KEYS
     assert set(monitoring.RULE_THRESHOLDS) <= set(thresholds.THRESHOLDS)

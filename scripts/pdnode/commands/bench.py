@@ -31,9 +31,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
 from . import bench_report
 
-EXIT_OK, EXIT_BAD, EXIT_CANNOT_RUN = 0, 1, 2
 CLIENT_MODULE = "sglang.benchmark.serving"
 CLIENT_NAME = "sglang.bench_serving"
 # bench_client.py runs CLIENT_MODULE and keeps each request's start time and latencies,
@@ -72,7 +72,7 @@ def _int_arg(name: str, raw: str | None, default: int, low: int, high: int) -> i
     except ValueError:
         value = None
     if value is None or not low <= value <= high:
-        raise BenchError(f"{name} {raw!r} is not an integer from {low} to {high}: give e.g. {name} {default}", EXIT_BAD)
+        raise BenchError(f"{name} {raw!r} is not an integer from {low} to {high}: give e.g. {name} {default}", EXIT_FAILED)
     return value
 
 
@@ -90,7 +90,7 @@ def workload(args: argparse.Namespace) -> dict[str, Any]:
             rate = math.nan
         if not (math.isfinite(rate) and rate > 0):
             raise BenchError(f"--rate {args.rate!r} is not a positive number of requests per second: give e.g. "
-                             "--rate 4 (or --concurrency C for a closed loop)", EXIT_BAD)
+                             "--rate 4 (or --concurrency C for a closed loop)", EXIT_FAILED)
     else:
         concurrency = _int_arg("--concurrency", args.concurrency, DEFAULTS["concurrency"], 1, 100_000)
     try:
@@ -99,7 +99,7 @@ def workload(args: argparse.Namespace) -> dict[str, Any]:
         ratio = math.nan
     if not (math.isfinite(ratio) and 0 < ratio <= 1):
         raise BenchError(f"--range-ratio {args.range_ratio!r} is not in (0, 1]: 1 gives fixed lengths, 0.5 lengths "
-                         "drawn uniformly from half to the full --input-len/--output-len", EXIT_BAD)
+                         "drawn uniformly from half to the full --input-len/--output-len", EXIT_FAILED)
     warmup = _int_arg("--warmup", args.warmup, 1, 0, 1000)
     seed = _int_arg("--seed", args.seed, 1, 0, 2**31 - 1)
     return {"requests": requests, "concurrency": concurrency, "rate": rate, "input_len": input_len,
@@ -132,7 +132,7 @@ def checked_base_url(raw: str) -> str:
     if (parts is None or not port_ok or parts.scheme not in ("http", "https") or not parts.hostname
             or parts.path.strip("/") or parts.query or parts.fragment or parts.username):
         raise BenchError(f"--base-url {raw!r} is not http(s)://HOST[:PORT]: give the router's root, e.g. "
-                         "--base-url http://10.0.0.5:8000", EXIT_BAD)
+                         "--base-url http://10.0.0.5:8000", EXIT_FAILED)
     return f"{parts.scheme}://{parts.netloc}"
 
 
@@ -184,7 +184,7 @@ def client_python(override: str | None) -> str:
     (scripts/sglang-validator prints its python; builds it the first time, minutes)."""
     if override:
         if not os.access(override, os.X_OK):
-            raise BenchError(f"--client-python {override} is not an executable file", EXIT_BAD)
+            raise BenchError(f"--client-python {override} is not an executable file", EXIT_FAILED)
         return override
     script = REPO / "scripts" / "sglang-validator"
     if not script.is_file():
@@ -338,28 +338,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], str, Path]:
-    from ..core.inventory import InventoryError, inventory_variables, load_inventory
-    from ..core.plan import PlanError, build_plan
+    from ..core.inventory import InventoryError, inventory_hosts
+    from ..core.load import load_plan
 
-    try:
-        peers = inventory_variables(args.inventory)
-        # Several hosts and no --host: the one that runs the router of the layout
-        host = args.host or (next(iter(peers)) if len(peers) == 1 else None)
-        if host is None:
-            first = next(iter(peers))
-            host = build_plan(peers[first], first, peers).cluster["router"]["host"]
-        hv = load_inventory(args.inventory, host)
-    except InventoryError as exc:
-        raise BenchError(str(exc)) from None
-    except PlanError as exc:
-        raise BenchError("the inventory is invalid (run `pdnode check`): "
-                         + "; ".join(str(p) for p in exc.problems), EXIT_BAD) from None
-    try:
-        plan = build_plan(hv.variables, hv.host, peers).as_dict()
-    except PlanError as exc:
-        raise BenchError("the inventory is invalid (run `pdnode check`): "
-                         + "; ".join(str(p) for p in exc.problems), EXIT_BAD) from None
-    return plan, dict(hv.variables), hv.host, Path(args.inventory).resolve()
+    host = args.host
+    if host is None:  # several hosts and no --host: the one that runs the router of the layout
+        try:
+            hosts = inventory_hosts(args.inventory)
+        except InventoryError:
+            hosts = []  # load_plan says why
+        if len(hosts) > 1:
+            host = load_plan(args.inventory, hosts[0]).plan.cluster["router"]["host"]
+    loaded = load_plan(args.inventory, host)  # Unplannable: pdnode's main says why
+    return loaded.plan.as_dict(), loaded.variables, loaded.plan.host, Path(args.inventory).resolve()
 
 
 def _api_key(plan: Mapping[str, Any]) -> str | None:
@@ -390,7 +381,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     wl = workload(args)
     if args.out and not Path(args.out).resolve().parent.is_dir():
-        raise BenchError(f"--out {args.out}: its directory does not exist; create it or give another path", EXIT_BAD)
+        raise BenchError(f"--out {args.out}: its directory does not exist; create it or give another path", EXIT_FAILED)
     if args.plot:  # before the load, so that a long run does not end in a refusal
         from . import plot
 
@@ -402,7 +393,7 @@ def _bench(args: argparse.Namespace) -> int:
     tokenizer = Path(args.tokenizer) if args.tokenizer else DEFAULT_TOKENIZER
     if not (tokenizer / "tokenizer.json").is_file() and not (tokenizer / "tokenizer_config.json").is_file():
         raise BenchError(f"--tokenizer {tokenizer}: no tokenizer.json or tokenizer_config.json there; give a model "
-                         "directory with a Hugging Face tokenizer", EXIT_BAD)
+                         "directory with a Hugging Face tokenizer", EXIT_FAILED)
     plan, variables, host, inventory = _load(args)
     base_url = checked_base_url(args.base_url) if args.base_url else router_base_url(plan, variables, host)
     api_key = _api_key(plan)
@@ -458,7 +449,7 @@ def _bench(args: argparse.Namespace) -> int:
     print(text if args.json else bench_report.to_table(report))
     if args.plot:
         write_plot(report, args.plot)
-    return EXIT_OK if report["results"]["failed"] == 0 else EXIT_BAD
+    return EXIT_OK if report["results"]["failed"] == 0 else EXIT_FAILED
 
 
 def write_plot(report: Mapping[str, Any], path: str) -> None:

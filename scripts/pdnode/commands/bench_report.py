@@ -16,7 +16,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..verify.metrics import Snapshot, counter_delta
+from ..core.instances import gpus_text
+from ..verify.metrics import MetricsParseError, Snapshot, counter_delta, parse
 
 SCHEMA = "pdnode.bench/1"
 ENGINE_ROLES = ("prefill", "decode")
@@ -134,12 +135,9 @@ def client_errors(record: Mapping[str, Any], limit: int = 3) -> list[str]:
 
 # --- the engines' counters ----------------------------------------------------------------
 def snapshot_of(reading: Mapping[str, Any]) -> Snapshot:
-    """One instance's counters (pdnode.node.bench_counters output) as a metrics Snapshot."""
-    snap = Snapshot()
-    for name, rows in (reading.get("counters") or {}).items():
-        snap.samples[name] = {tuple(sorted((str(k), str(v)) for k, v in labels.items())): float(value)
-                              for labels, value in rows}
-    return snap
+    """One instance's counters (the lines of its /metrics that pdnode.node.bench_counters
+    kept) read by the Prometheus parser (MetricsParseError when they do not parse)."""
+    return parse(str(reading.get("metrics") or ""))
 
 
 def instance_work(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -152,7 +150,12 @@ def instance_work(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[s
         b, a = b_all.get(iid) or {}, a_all.get(iid) or {}
         row: dict[str, Any] = {"role": a.get("role") or b.get("role")}
         error = a.get("error") or b.get("error")
-        snap_b, snap_a = snapshot_of(b), snapshot_of(a)
+        snap_b = snap_a = Snapshot()
+        if not error:
+            try:
+                snap_b, snap_a = snapshot_of(b), snapshot_of(a)
+            except MetricsParseError as exc:
+                error = f"{a.get('url') or b.get('url')}: {exc}"
         for name in _INSTANCE_KEYS:
             key = _INSTANCE_KEYS[name]
             if error:
@@ -241,12 +244,6 @@ def to_json(report: Mapping[str, Any]) -> str:
     return json.dumps(report, indent=2)
 
 
-def _gpus(ids: list[int]) -> str:
-    if len(ids) > 1 and ids == list(range(ids[0], ids[0] + len(ids))):
-        return f"{ids[0]}-{ids[-1]}"
-    return ",".join(map(str, ids))
-
-
 def shape_text(inst: Mapping[str, Any]) -> str:
     parts = [f"TP {inst['tp_size']}"]
     if inst["dp_size"] > 1:
@@ -284,7 +281,7 @@ def to_table(report: Mapping[str, Any]) -> str:
     lines = [
         f"pdnode bench {report['host']}: {w['requests']} requests, {load}, input {w['input_len']} / output "
         f"{w['output_len']} tokens ({spread}); client {report['client']['name']} {report['client']['version']}",
-        "layout: " + "; ".join(f"{i['id']} GPUs {_gpus(i['gpus'])} {shape_text(i)}"
+        "layout: " + "; ".join(f"{i['id']} GPUs {gpus_text(i['gpus'])} {shape_text(i)}"
                                for role in ENGINE_ROLES for i in report["layout"].get(role, [])),
         "",
         f"completed {r['completed']} of {w['requests']} ({r['failed']} failed) in {r['duration_s']:.2f} s",

@@ -9,53 +9,34 @@ import argparse
 import importlib
 import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 
+from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
 from ..core.inventory import InventoryError, inventory_variables, load_inventory
+from ..core.load import Unplannable, load_plan, problem_lines, source_of
+from ..core.instances import gpus_text
 from ..core.plan import Plan, PlanError, Problem, build_plan
-
-EXIT_OK, EXIT_INVALID, EXIT_CANNOT_RUN = 0, 1, 2
 
 
 def _hosts_to_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, dict]]:
     """The hosts a command plans (--host, or every host of the inventory) and every
-    host's variables (a layout spanning hosts reads its peers'); exit 2 if unreadable."""
+    host's variables (a layout spanning hosts reads its peers'); Unplannable if unreadable."""
     try:
         peers = inventory_variables(args.inventory)
     except InventoryError as exc:
-        print(f"pdnode: {exc}", file=sys.stderr)
-        raise SystemExit(EXIT_CANNOT_RUN) from None
+        raise Unplannable(str(exc), EXIT_CANNOT_RUN) from None
     if args.host is not None and args.host not in peers:
-        print(f"pdnode: {args.inventory}: no host {args.host!r} (hosts: {', '.join(peers)})", file=sys.stderr)
-        raise SystemExit(EXIT_CANNOT_RUN)
+        raise Unplannable(f"{args.inventory}: no host {args.host!r} (hosts: {', '.join(peers)})", EXIT_CANNOT_RUN)
     return ([args.host] if args.host else list(peers)), peers
 
 
-def _plan_or_exit(args: argparse.Namespace, host: str | None = None) -> Plan:
-    try:
-        hv = load_inventory(args.inventory, host or args.host)
-        peers = inventory_variables(args.inventory)
-    except InventoryError as exc:
-        print(f"pdnode: {exc}", file=sys.stderr)
-        raise SystemExit(EXIT_CANNOT_RUN) from None
-    try:
-        plan = build_plan(hv.variables, hv.host, peers)
-    except PlanError as exc:
-        _print_problems(args.inventory, hv.host, exc.problems, hv.sources)
-        raise SystemExit(EXIT_INVALID) from None
+def _plan(args: argparse.Namespace, host: str | None = None) -> Plan:
+    """The host's plan, its warnings on stderr (Unplannable: main() says why and exits)."""
+    plan = load_plan(args.inventory, host or args.host).plan
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return plan
-
-
-def _print_problems(inventory: str, host: str, problems: list[Problem], sources: dict[str, str]) -> None:
-    n = len(problems)
-    print(f"{inventory}: {n} problem{'s' * (n != 1)} in host {host}:", file=sys.stderr)
-    for problem in problems:
-        where = sources.get(re.split(r"[.\[]", problem.field, maxsplit=1)[0], "")
-        print(f"  {problem}" + (f"  [{where}]" if where else ""), file=sys.stderr)
 
 
 def _problem_json(problem: Problem, sources: dict[str, str]) -> dict[str, object]:
@@ -64,7 +45,7 @@ def _problem_json(problem: Problem, sources: dict[str, str]) -> dict[str, object
         value = f"{value[:100]}... ({len(value)} characters)"
     return {"rule": problem.rule_id, "field": problem.field, "value": value, "message": problem.rule,
             "fix": problem.fix, "severity": problem.severity,
-            "source": sources.get(re.split(r"[.\[]", problem.field, maxsplit=1)[0])}
+            "source": source_of(problem, sources)}
 
 
 def _sglang_verdicts(plan: Plan) -> tuple[list[Problem], list[Problem]]:
@@ -132,26 +113,26 @@ def cmd_check(args: argparse.Namespace) -> int:
                             "warnings": [_problem_json(w, sources) for w in warnings]})
         ok = all(r["ok"] for r in reports)
         print(json.dumps(reports[0] if len(reports) == 1 else {"ok": ok, "hosts": reports}, indent=2, default=str))
-        return EXIT_OK if ok else EXIT_INVALID
+        return EXIT_OK if ok else EXIT_FAILED
     failed = 0
     for host in hosts:
         plan, problems, warnings = verdicts[host]
         sources = load_inventory(args.inventory, host).sources
         if problems:
-            _print_problems(args.inventory, host, problems, sources)
+            print("\n".join(problem_lines(args.inventory, host, problems, sources)), file=sys.stderr)
             failed += 1
             continue
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        layout = ", ".join(f"{s['id']} GPUs {_gpus(s['gpus'])}" for s in plan.engines())
+        layout = ", ".join(f"{s['id']} GPUs {gpus_text(s['gpus'])}" for s in plan.engines())
         runs = layout + ("; " if layout and "router" in plan.services else "") + (
             f"the router at {plan.cluster['router']['url']}" if "router" in plan.services else "")
         print(f"{args.inventory}: host {plan.host} OK ({runs}; {len(plan.ports)} ports)")
-    return EXIT_INVALID if failed else EXIT_OK
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    plan = _plan_or_exit(args)
+    plan = _plan(args)
     if args.role == "router-argv" and "router" not in plan.services:
         print(f"pdnode: {plan.host} does not run the router of its layout ({plan.cluster['router']['host']} does: "
               f"--host {plan.cluster['router']['host']})", file=sys.stderr)
@@ -171,15 +152,6 @@ def cmd_render(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _gpus(ids: list[int]) -> str:
-    if not ids:
-        return "-"
-    step = ids[1] - ids[0] if len(ids) > 1 else 1
-    if len(ids) > 1 and step == 1:
-        return f"{ids[0]}-{ids[-1]}"
-    return ",".join(map(str, ids))
-
-
 def _parallelism(a: dict) -> str:
     text = f"TP {a['tp_size']}"
     if a.get("dp_size", 1) > 1:
@@ -193,7 +165,7 @@ def _parallelism(a: dict) -> str:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     hosts, _ = _hosts_to_plan(args)
-    plans = [_plan_or_exit(args, host) for host in hosts]
+    plans = [_plan(args, host) for host in hosts]
     for i, plan in enumerate(plans):
         if plan.cluster["multi_host"]:
             print(("\n" if i else "") + f"host {plan.host} ({plan.cluster['hosts'][plan.host]['address']}):")
@@ -220,7 +192,7 @@ def _explain_host(plan: Plan) -> None:
             listens += f", :{port} (rendezvous of {a['nnodes']} hosts; SGLang derives +1..+6 and +13)"
         if "nccl_port" in a:
             listens += f", :{a['nccl_port']} (NCCL)"
-        rows.append((s["id"], s["unit"], _gpus(s["gpus"]), _parallelism(a), listens))
+        rows.append((s["id"], s["unit"], gpus_text(s["gpus"]), _parallelism(a), listens))
     if "router" in plan.services:
         r = plan.services["router"]
         ra = r["args"]
@@ -311,7 +283,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 # tests/test_cli.py checks each stub's help against its module's.
 OPTIONAL = {
     "verify": "pdnode.verify.cli",
-    "placement": "pdnode.core.placement",
+    "placement": "pdnode.commands.placement",
     "collect": "pdnode.node.collect",
     "plan": "pdnode.commands.planner",
     "bench": "pdnode.commands.bench",
@@ -344,6 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
+    except Unplannable as exc:  # no plan for a command that needs one: why, once
+        print("\n".join(exc.lines or [f"pdnode {args.command}: {exc}"]), file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_CANNOT_RUN
     except BrokenPipeError:  # `pdnode explain ... | head`: the reader left; no traceback for that

@@ -23,12 +23,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
 from ..core.kv_path import SPEEDS, kv_bytes_from_config
 from ..core.planner_model import (MeasurementError, Params, Pool, Prediction, Run, Shape, Workload, fit, predict,
                             run_from_bench)
 
 SCHEMA = "pdnode.planner/1"
-EXIT_OK, EXIT_INVALID, EXIT_CANNOT_RUN = 0, 1, 2
 # The stand-in's fake model moves PDNODE_SIM_KV_BYTES_PER_TOKEN bytes per prompt token
 # (its default): a property of that model, as config.json's shapes are of a real one.
 SIM_KV_BYTES_PER_TOKEN = 16384
@@ -148,20 +148,11 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
-    from ..core.inventory import InventoryError, inventory_variables, load_inventory
-    from ..core.plan import PlanError, build_plan
+    from ..core.load import load_plan
     from ..core.planner_layouts import enumerate_layouts, instance_entries, judge
 
-    try:
-        hv = load_inventory(args.inventory, args.host)
-        peers = inventory_variables(args.inventory)
-    except InventoryError as exc:
-        raise OSError(str(exc)) from None
-    try:
-        plan = build_plan(hv.variables, hv.host, peers)
-    except PlanError as exc:
-        raise PlannerError(f"the inventory {args.inventory} is invalid ({len(exc.problems)} problem(s); "
-                           f"`pdnode check {args.inventory}` lists them)") from None
+    loaded = load_plan(args.inventory, args.host)  # Unplannable: pdnode's main says why
+    plan, variables, host = loaded.plan, loaded.variables, loaded.plan.host
     settings = plan.settings
     runs = load_runs(args.measurements)
     workload = _workload(args, runs)
@@ -185,7 +176,7 @@ def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
                           "error": pr.request_s / r.request_s - 1})
     candidates = []
     for cand in enumerate_layouts(int(settings["pdnode_gpu_count"]), str(settings.get("pdnode_model_kind"))):
-        judge(cand, hv.variables, hv.host)
+        judge(cand, variables, host)
         pred = predict(_shape(cand, args.batch_limit_per_rank), params, workload)
         candidates.append((cand, pred))
     deployable = [(c, p) for c, p in candidates if c.deployable]
@@ -197,11 +188,11 @@ def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
                                               len(cp[0].prefill) + len(cp[0].decode)))
     best = next((cp for cp in order if cp in meets), None)
     return {
-        "host": hv.host, "workload": workload, "params": params, "runs": runs, "residuals": residuals,
+        "host": host, "workload": workload, "params": params, "runs": runs, "residuals": residuals,
         "kv": {"bytes_per_token": kv_bytes, "source": kv_source, "link_gb_s": link, "backend": backend,
                "path": plan.cluster["kv"]["path"]},
-        "order": order, "best": best, "variables": hv.variables,
-        "entries": instance_entries(best[0], hv.variables) if best else None,
+        "order": order, "best": best, "variables": variables,
+        "entries": instance_entries(best[0], variables) if best else None,
     }
 
 
@@ -307,12 +298,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"pdnode plan: --{name.replace('_', '-')}={value} is too small; give a positive count"
                   + (" of at least 2 (one prefill token, one decode step)" if name == "output_len" else ""),
                   file=sys.stderr)
-            return EXIT_INVALID
+            return EXIT_FAILED
     for name in ("rate", "ttft_max", "itl_max", "link_gb_s"):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value > 0):
             print(f"pdnode plan: --{name.replace('_', '-')}={value} must be a positive number", file=sys.stderr)
-            return EXIT_INVALID
+            return EXIT_FAILED
     if args.plot:  # refused before the work, as every other bad flag
         from . import plot
 
@@ -326,7 +317,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         res = plan_layouts(args)
     except (MeasurementError, PlannerError) as exc:
         print(f"pdnode plan: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return EXIT_FAILED
     except OSError as exc:
         print(f"pdnode plan: {exc}", file=sys.stderr)
         return EXIT_CANNOT_RUN
@@ -344,7 +335,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if res["best"] is None:
         print("pdnode plan: no deployable layout meets the limits (see the reasons above); relax --ttft-max / "
               "--itl-max or fix what the plan rejects", file=sys.stderr)
-        return EXIT_INVALID
+        return EXIT_FAILED
     if args.write:
         cand, pred = res["best"]
         w: Workload = res["workload"]

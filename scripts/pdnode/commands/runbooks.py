@@ -37,7 +37,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from ..core import change_cost, monitoring
-from ..core.inventory import InventoryError, inventory_hosts, inventory_variables, load_inventory
+from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
+from ..core.inventory import InventoryError, inventory_hosts
+from ..core.load import Unplannable, load_plan
+from ..core.instances import gpus_text
 
 ROOT = Path(__file__).resolve().parents[3]
 # The units' readiness timeout and watchdog come from the pd_services role: its defaults,
@@ -85,14 +88,6 @@ def _address(url: str, field: str) -> tuple[str, int]:
     return _WILDCARD.get(parts.hostname, parts.hostname), port
 
 
-def _gpus(ids: list[int]) -> str:
-    if not ids:
-        return "-"
-    if len(ids) > 1 and all(b - a == 1 for a, b in zip(ids, ids[1:])):
-        return f"{ids[0]}-{ids[-1]}"
-    return ",".join(map(str, ids))
-
-
 def _service(s: dict[str, Any]) -> dict[str, Any]:
     sid = _check(s["id"], ID_RE, "services.id", "a service id (prefill-N, decode-N, router)")
     unit = _check(s["unit"], UNIT_RE, f"services.{sid}.unit", "a systemd unit name")
@@ -109,7 +104,7 @@ def _service(s: dict[str, Any]) -> dict[str, Any]:
         health = s["url"].rstrip("/") + "/health"
     out = {
         "id": sid, "role": s["role"], "unit": unit, "ident": unit.removesuffix(".service"),
-        "config": s["config"], "env_file": s["env_file"], "gpus": list(s["gpus"]), "gpus_text": _gpus(s["gpus"]),
+        "config": s["config"], "env_file": s["env_file"], "gpus": list(s["gpus"]), "gpus_text": gpus_text(s["gpus"]),
         "url": s["url"].rstrip("/") if s["url"] else None, "health_url": health, "port": port,
         "address": f"{host}:{port}", "node_rank": rank, "nnodes": int(s["args"].get("nnodes") or 1),
         "bound_to": s.get("bound_to"), "upholds": list(s.get("upholds") or []),
@@ -300,23 +295,21 @@ def render_runbooks(plan: dict[str, Any], inventory: str = "INVENTORY", address:
 
 # --- `pdnode runbooks INVENTORY` ---------------------------------------------------------------
 def _render_host(inventory: str, host: str) -> dict[str, str]:
-    from ..core.plan import PlanError, build_plan
-
-    hv = load_inventory(inventory, host)
-    peers = inventory_variables(inventory)
     try:
-        plan = build_plan(hv.variables, hv.host, peers)
-    except PlanError as exc:
-        first = exc.problems[0]
-        more = len(exc.problems) - 1
-        where = hv.sources.get(re.split(r"[.\[]", first.field, maxsplit=1)[0], "")
-        raise RunbookError(f"{inventory}: host {host}: {first}" + (f" [{where}]" if where else "")
+        loaded = load_plan(inventory, host)
+    except Unplannable as exc:
+        if not exc.problems:
+            raise
+        more = len(exc.problems) - 1  # one line: the first problem (with its file), and how many more
+        raise RunbookError(f"{inventory}: host {host}: {exc.lines[1].strip()}"
                            + (f" (and {more} more: `pdnode check {inventory} --host {host}` lists them)" if more else "")
                            ) from None
-    conn = hv.variables.get("ansible_connection")
-    address = hv.variables.get("ansible_host") if conn not in ("local", "community.docker.docker") else None
-    role_values = {k: hv.variables[k] for k in PD_SERVICES_VALUES if k in hv.variables}  # judged by the plan
-    return render_runbooks(plan.as_dict(), inventory, str(address) if address else None, hv.sources, role_values)
+    hv = loaded.variables
+    conn = hv.get("ansible_connection")
+    address = hv.get("ansible_host") if conn not in ("local", "community.docker.docker") else None
+    role_values = {k: hv[k] for k in PD_SERVICES_VALUES if k in hv}  # judged by the plan
+    return render_runbooks(loaded.plan.as_dict(), inventory, str(address) if address else None, loaded.sources,
+                           role_values)
 
 
 def _sibling(out_dir: Path, tag: str) -> Path:
@@ -365,14 +358,14 @@ def cmd_runbooks(args: argparse.Namespace) -> int:
         rendered = {host: _render_host(inventory, host) for host in hosts}
     except InventoryError as exc:
         print(f"pdnode runbooks: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CANNOT_RUN
     except RunbookError as exc:
         print(f"pdnode runbooks: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except ImportError as exc:
         print(f"pdnode runbooks: {exc.name} is not installed here; run scripts/setup (it installs ansible-core, "
               "which brings Jinja2)", file=sys.stderr)
-        return 2
+        return EXIT_CANNOT_RUN
     out = Path(args.out) if args.out else DEFAULT_OUT
     try:
         for host, files in rendered.items():
@@ -380,5 +373,5 @@ def cmd_runbooks(args: argparse.Namespace) -> int:
             print(f"{host}: {len(files)} runbooks in {out / host}/")
     except OSError as exc:
         print(f"pdnode runbooks: cannot write {exc.filename or out}: {exc.strerror}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_CANNOT_RUN
+    return EXIT_OK

@@ -1,2 +1,1 @@
-"""The controller's computation: inventory -> validated plan (rules, ports, capacity,
-placement, the KV path, the planner's model). Reads no host; imports pdnode.node only."""
+"""The controller's computation: inventory -> plan, and what is computed from it (docs/architecture.md)."""

@@ -129,8 +129,8 @@ FIELDS: tuple[Field, ...] = (
 )
 
 # The thresholds the verification judges (keys of pdnode_verify_thresholds): one table,
-# verify/thresholds.py (it imports nothing, so the plan can read it cheaply).
-from ..verify.thresholds import THRESHOLD_KEYS  # noqa: E402, F401 - re-exported: plan.py, docs.py
+# core/thresholds.py (it imports nothing, so the plan can read it cheaply).
+from .thresholds import THRESHOLD_KEYS  # noqa: E402, F401 - re-exported: plan.py, docs.py
 
 BY_NAME = {f.name: f for f in FIELDS}
 

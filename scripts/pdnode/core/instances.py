@@ -10,6 +10,7 @@ reported through the plan's checker, one line per cause, naming
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,25 @@ _KIND_OK = {
 _KIND_WORDS = {"int": "an integer", "int_or_none": "an integer or null", "float": "a number",
                "str": "a non-empty string", "bool": "true or false", "dict": "a mapping",
                "int_list": "a list of integers", "str_list": "a list of inventory host names"}
+
+
+def format_ids(ids: Iterable[int]) -> str:
+    """{0, 1, 2, 3, 7} -> '0-3,7' (the format of CPUAffinity= and of nvidia-smi)."""
+    ordered = sorted(set(ids))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def gpus_text(ids: list[int]) -> str:
+    """GPU ids as people read them, '-' for none (every command's tables and runbooks)."""
+    return format_ids(ids) if ids else "-"
 
 
 @dataclass

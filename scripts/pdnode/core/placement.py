@@ -1,8 +1,8 @@
-"""GPU / NUMA / NIC placement from ``nvidia-smi topo -m``: the topology, the results, the CLI.
+"""GPU / NUMA / NIC placement from ``nvidia-smi topo -m``: the topology and the results.
 
 Pure functions over what :func:`pdnode.core.hostfacts.parse_topo_matrix` returns (the one
 parser of that output; this module adds no second one). This module holds the view of
-the topology (:class:`_Topo`), the result types (:class:`Advice` and its parts, with the
+the topology (:class:`Topo`), the result types (:class:`Advice` and its parts, with the
 text the CLI prints) and ``register(subparsers)``, which adds ``pdnode placement``. The
 judgement itself, per engine instance, is :func:`pdnode.core.placement_advice.advise`.
 
@@ -11,22 +11,19 @@ Standard library only, Python >= 3.11. docs/placement.md describes the checks.
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from collections.abc import Iterable, Mapping
 
-from .hostfacts import LINK_RANK, nic_ranking, parse_topo_matrix
+from .exits import EXIT_FAILED, EXIT_OK
+from .hostfacts import LINK_RANK, nic_ranking
+from .instances import format_ids, gpus_text
 
 ROLES = ("prefill", "decode")
 # /2: per engine instance ("instances", keyed by service id) instead of per role.
 SCHEMA = "pdnode.placement/2"
-EXIT_OK, EXIT_BETTER, EXIT_CANNOT_RUN = 0, 1, 2
 # Links that cross the SMP interconnect between NUMA nodes (SOC: older drivers' name).
 CROSS_NUMA_LINKS = ("SYS", "SOC")
 _NV = re.compile(r"^NV(\d+)$")
@@ -53,20 +50,6 @@ def parse_id_list(text: str | None) -> set[int] | None:
     return out or None
 
 
-def format_ids(ids: Iterable[int]) -> str:
-    """{0, 1, 2, 3, 7} -> '0-3,7' (the format of CPUAffinity= and of nvidia-smi)."""
-    values = sorted(set(ids))
-    parts: list[str] = []
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
 def link_cost(link: str | None) -> tuple[int, int]:
     """Order GPU<->GPU link types, best (smallest) first: NV<n> (more links better), then
     hostfacts.LINK_RANK's PCIe types PIX < PXB < PHB < NODE < SYS; unknown last."""
@@ -86,21 +69,17 @@ def format_links(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items(), key=lambda kv: (link_cost(kv[0]), kv[0])))
 
 
-def _gpus_text(ids: list[int]) -> str:
-    return format_ids(ids) if ids else "-"
-
-
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' * (n != 1)}"
 
 
-def _gpu_word(ids: list[int]) -> str:
-    return f"GPU{'s' * (len(ids) != 1)} {_gpus_text(ids)}"
+def gpu_word(ids: list[int]) -> str:
+    return f"GPU{'s' * (len(ids) != 1)} {gpus_text(ids)}"
 
 
 # --- the topology as this module sees it -------------------------------------------------
 
-class _Topo:
+class Topo:
     def __init__(self, topo: Mapping[str, Any]):
         if not isinstance(topo, Mapping):
             raise ValueError("the topology is not a parsed `nvidia-smi topo -m` (a dict)")
@@ -171,7 +150,7 @@ class _Topo:
         return sorted(nodes)
 
 
-def _links_key(links: list[str]) -> tuple[tuple[int, int], ...]:
+def links_key(links: list[str]) -> tuple[tuple[int, int], ...]:
     """Worst link first: comparing two keys compares the worst links, then the next..."""
     return tuple(sorted((link_cost(x) for x in links), reverse=True))
 
@@ -254,7 +233,7 @@ class Advice:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_BETTER if self.better_exists else EXIT_OK
+        return EXIT_FAILED if self.better_exists else EXIT_OK
 
     def as_dict(self) -> dict[str, Any]:
         rec = None
@@ -280,7 +259,7 @@ class Advice:
         out = [self._topology_line()]
         rows = [("instance", "GPUs", "NUMA", "CPUs", "interconnect")]
         for v in self.instances.values():
-            gpus = _gpus_text(v.gpus)
+            gpus = gpus_text(v.gpus)
             if v.missing:
                 gpus += " (not on host)" if not v.present else f" ({format_ids(v.missing)} not on host)"
             numa = ",".join(map(str, v.numa)) if v.numa else ("-" if not v.present else "?")
@@ -304,12 +283,12 @@ class Advice:
         return out
 
     def _topology_line(self) -> str:
-        parts = [f"topology: {_plural(len(self.host_gpus), 'GPU')} ({format_ids(self.host_gpus)})"]
+        parts = [f"topology: {plural(len(self.host_gpus), 'GPU')} ({format_ids(self.host_gpus)})"]
         for n, gs in sorted(self.node_gpus.items()):
-            parts.append(f"NUMA node {n}: {_gpu_word(gs)}")
+            parts.append(f"NUMA node {n}: {gpu_word(gs)}")
         if self.unknown_numa_gpus:
-            parts.append(f"NUMA node unknown: {_gpu_word(self.unknown_numa_gpus)}")
-        parts.append(_plural(len(self.nics), "NIC") if self.nics else "no NICs")
+            parts.append(f"NUMA node unknown: {gpu_word(self.unknown_numa_gpus)}")
+        parts.append(plural(len(self.nics), "NIC") if self.nics else "no NICs")
         return "; ".join(parts)
 
     def _nic_line(self) -> str:
@@ -319,7 +298,7 @@ class Advice:
         links = ", ".join(f"{k} x{n}" for k, n in sorted(counts.items(), key=lambda kv: (link_cost(kv[0]), kv[0])))
         off = sum(1 for c in self.nic_checks if c.same_numa is False)
         unknown = sum(1 for c in self.nic_checks if c.same_numa is None)
-        n = _plural(len(self.nic_checks), "GPU->NIC pair")
+        n = plural(len(self.nic_checks), "GPU->NIC pair")
         if not off and not unknown:
             return f"NICs: {n}, all on the GPU's NUMA node ({links})"
         bits = [f"{off} on another NUMA node"] if off else []
@@ -331,8 +310,8 @@ class Advice:
         if r is None:
             sizes = " + ".join(f"{i} {len(v.gpus)}" for i, v in self.instances.items())
             return [f"recommended: none (no split into {sizes} contiguous GPUs fits "
-                    f"this host's {_plural(len(self.host_gpus), 'GPU')})"]
-        head = "recommended: " + ", ".join(f"{i} {_gpu_word(g)}" for i, g in r.gpus.items())
+                    f"this host's {plural(len(self.host_gpus), 'GPU')})"]
+        head = "recommended: " + ", ".join(f"{i} {gpu_word(g)}" for i, g in r.gpus.items())
         head += " (the plan's placement)" if self.plan_is_recommended else f" ({self.reason})"
         out = [head]
         for i in r.gpus:
@@ -345,72 +324,3 @@ class Advice:
                                for g, c in sorted(self.ib_devices.items()))
             out.append(f"  pdnode_ib_devices: {change}")
         return out
-
-
-# --- pdnode placement ------------------------------------------------------------------
-
-EPILOG = """\
-FILE is the saved output of `nvidia-smi topo -m` on the host (docs/placement.md).
-exit codes: 0 the plan's placement is the recommended one (or as good), 1 a better one
-exists (or the plan does not fit this topology), 2 the inputs could not be read."""
-
-
-def _cannot_run(args: argparse.Namespace, why: str) -> int:
-    if getattr(args, "json", False):
-        print(json.dumps({"schema": SCHEMA, "exit_code": EXIT_CANNOT_RUN, "error": why}, indent=2))
-    print(f"pdnode placement: could not run: {why}", file=sys.stderr)
-    return EXIT_CANNOT_RUN
-
-
-def cmd_placement(args: argparse.Namespace) -> int:
-    from .inventory import InventoryError, inventory_variables, load_inventory
-    from .plan import PlanError, build_plan
-
-    try:
-        hv = load_inventory(args.inventory, args.host)
-        peers = inventory_variables(args.inventory)
-    except InventoryError as exc:
-        return _cannot_run(args, str(exc))
-    try:
-        plan = build_plan(hv.variables, hv.host, peers)
-    except PlanError as exc:
-        n = len(exc.problems)
-        return _cannot_run(args, f"the inventory {args.inventory} is invalid ({_plural(n, 'problem')}; "
-                                 f"`pdnode check {args.inventory}` lists them)")
-    try:
-        text = Path(args.topo).read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        return _cannot_run(args, f"cannot read {args.topo}: {exc.strerror or exc}")
-    topo = parse_topo_matrix(text)
-    if not any(d.startswith("GPU") for d in topo["devices"]) or not topo["links"]:
-        return _cannot_run(args, f"{args.topo} is not `nvidia-smi topo -m` output (no GPU0 header row and matrix)")
-    from .placement_advice import advise  # the judgement (this module: topology, results, CLI)
-
-    try:
-        advice = advise(topo, plan.services, plan.settings.get("pdnode_ib_devices") or None)
-    except ValueError as exc:
-        return _cannot_run(args, str(exc))
-    gpu_count = plan.settings.get("pdnode_gpu_count")
-    if args.json:
-        print(json.dumps({"schema": SCHEMA, "host": plan.host, "inventory": str(args.inventory),
-                          "topo_file": str(args.topo), "gpu_count": gpu_count, **advice.as_dict()}, indent=2))
-    else:
-        print(f"host {plan.host}: plan from {args.inventory} (pdnode_gpu_count={gpu_count}), "
-              f"topology from {args.topo}")
-        print("\n".join(advice.lines()))
-    return advice.exit_code
-
-
-def register(sub: Any) -> None:
-    """Add `pdnode placement` to pdnode's subcommands (called by pdnode.commands.cli)."""
-    p = sub.add_parser("placement", help="check GPU/NUMA/NIC placement against `nvidia-smi topo -m` "
-                                         "(exit 0 best, 1 a better one exists, 2 cannot read)",
-                       description="Check the GPUs of each engine instance of the plan, their NUMA locality and "
-                                   "NICs against the host's `nvidia-smi topo -m`, and recommend a placement and CPU "
-                                   "affinity per instance.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("inventory", help="inventory directory, e.g. inventories/gpu01")
-    p.add_argument("--host", help="host of the inventory (needed when it has several)")
-    p.add_argument("--topo", required=True, metavar="FILE", help="saved `nvidia-smi topo -m` output of the host")
-    p.add_argument("--json", action="store_true", help=f"print the advice as JSON (schema {SCHEMA})")
-    p.set_defaults(func=cmd_placement)

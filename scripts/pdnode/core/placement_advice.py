@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .hostfacts import parse_topo_matrix
-from .placement import (CROSS_NUMA_LINKS, ROLES, Advice, InstanceView, NicCheck, Split, _gpu_word, _gpus_text,
-                        _links_key, _Topo, format_ids, format_links)
+from .placement import (CROSS_NUMA_LINKS, ROLES, Advice, InstanceView, NicCheck, Split, gpu_word, gpus_text,
+                        links_key, Topo, format_ids, format_links)
 
 
 def engine_instances(services: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -59,7 +59,7 @@ def _normalize_nics(nics: Mapping[Any, Any] | None) -> dict[int, list[str]]:
     return out
 
 
-def _split(t: _Topo, gpus: dict[str, list[int]]) -> Split:
+def _split(t: Topo, gpus: dict[str, list[int]]) -> Split:
     numa, links, penalty, all_links = {}, {}, 0, []
     for sid, ids in gpus.items():
         nodes, _ = t.nodes_of(ids)
@@ -68,7 +68,7 @@ def _split(t: _Topo, gpus: dict[str, list[int]]) -> Split:
         pl = t.pair_links(ids)
         links[sid] = dict(Counter(pl))
         all_links += pl
-    return Split(gpus=gpus, numa=numa, links=links, numa_penalty=penalty, links_key=_links_key(all_links))
+    return Split(gpus=gpus, numa=numa, links=links, numa_penalty=penalty, links_key=links_key(all_links))
 
 
 def candidate_splits(host_gpus: list[int], sizes: Mapping[str, int],
@@ -104,7 +104,7 @@ def candidate_splits(host_gpus: list[int], sizes: Mapping[str, int],
     return out
 
 
-def _affinity(t: _Topo, gpus: list[int]) -> dict[str, Any]:
+def _affinity(t: Topo, gpus: list[int]) -> dict[str, Any]:
     """What the instance's systemd unit could use: the CPUs of its NUMA node and a memory
     policy that prefers that node (``preferred``, not ``bind``: a full node spills instead
     of failing allocations)."""
@@ -139,14 +139,14 @@ def _fix_text(fields: Mapping[str, str], gpus: dict[str, list[int]], numa: dict[
     return ", ".join(parts)
 
 
-def _nic_checks(t: _Topo, views: dict[str, InstanceView], nic_map: dict[int, list[str]],
+def _nic_checks(t: Topo, views: dict[str, InstanceView], nic_map: dict[int, list[str]],
                 warnings: list[str]) -> tuple[list[NicCheck], bool]:
     """Each mapped NIC on its GPU's NUMA node (a SYS path crosses the sockets)."""
     checks: list[NicCheck] = []
     nic_fix = False
     mapped = sorted(g for g in nic_map if any(g in v.present for v in views.values()))
     if mapped and not t.nics:
-        warnings.append(f"the NIC mapping names NICs for {_gpu_word(mapped)} but the topology shows no NIC, so they "
+        warnings.append(f"the NIC mapping names NICs for {gpu_word(mapped)} but the topology shows no NIC, so they "
                         "were not checked. Fix: capture `nvidia-smi topo -m` on the host with its NICs (driver "
                         "loaded), or use pdnode_transfer_backend: mooncake_tcp on a host without RDMA.")
     for sid, view in views.items() if t.nics else ():
@@ -193,7 +193,7 @@ def advise(topo: Mapping[str, Any] | str, services: Mapping[str, Any],
     """
     if isinstance(topo, str):
         topo = parse_topo_matrix(topo)
-    t = _Topo(topo)
+    t = Topo(topo)
     engines = engine_instances(services)
     plan = {e["id"]: e["gpus"] for e in engines}
     fields = {e["id"]: e["field"] for e in engines}
@@ -231,7 +231,7 @@ def advise(topo: Mapping[str, Any] | str, services: Mapping[str, Any],
     if not fits:
         need = sum(sizes.values())
         missing = sorted({g for v in views.values() for g in v.missing})
-        host = f"{len(t.gpus)} ({_gpu_word(t.gpus)})"
+        host = f"{len(t.gpus)} ({gpu_word(t.gpus)})"
         if best is not None:
             fix = f"use GPUs this host has: {_fix_text(fields, best.gpus, plan=plan)}"
         elif len(t.gpus) >= 2:
@@ -242,9 +242,9 @@ def advise(topo: Mapping[str, Any] | str, services: Mapping[str, Any],
         else:
             fix = ("run against the host the inventory describes; a PD node needs at least 2 GPUs "
                    "(prefill and decode on different GPUs)")
-        planned = ", ".join(f"{sid} {_gpus_text(ids)}" for sid, ids in plan.items())
+        planned = ", ".join(f"{sid} {gpus_text(ids)}" for sid, ids in plan.items())
         warnings.append(
-            f"the plan needs {need} GPUs ({planned}) but the host has {host}: {_gpu_word(missing)} "
+            f"the plan needs {need} GPUs ({planned}) but the host has {host}: {gpu_word(missing)} "
             f"{'are' if len(missing) > 1 else 'is'} not on this host. Fix: {fix}.")
 
     reason = ""
@@ -255,16 +255,16 @@ def advise(topo: Mapping[str, Any] | str, services: Mapping[str, Any],
             for sid in plan:
                 if len(plan_split.numa[sid]) > 1:
                     warnings.append(
-                        f"{sid} GPUs {_gpus_text(plan[sid])} span NUMA nodes "
+                        f"{sid} GPUs {gpus_text(plan[sid])} span NUMA nodes "
                         f"{','.join(map(str, plan_split.numa[sid]))} while a placement keeps each instance on one "
                         f"NUMA node. Fix: {fix}.")
         # Interconnect: the instance's links are worse than the recommended placement gives it.
         for sid in plan:
             mine, theirs = t.pair_links(plan[sid]), t.pair_links(best.gpus[sid])
-            if _links_key(mine) > _links_key(theirs):
+            if links_key(mine) > links_key(theirs):
                 warnings.append(
-                    f"{sid} GPUs {_gpus_text(plan[sid])} are linked by {format_links(Counter(mine))}, worse than "
-                    f"GPUs {_gpus_text(best.gpus[sid])} ({format_links(Counter(theirs))}). Fix: {fix}.")
+                    f"{sid} GPUs {gpus_text(plan[sid])} are linked by {format_links(Counter(mine))}, worse than "
+                    f"GPUs {gpus_text(best.gpus[sid])} ({format_links(Counter(theirs))}). Fix: {fix}.")
         if best.numa_penalty < plan_split.numa_penalty:
             reason = ("better: each instance on one NUMA node" if best.numa_penalty == 0
                       else "better: fewer instances across NUMA nodes")

@@ -20,6 +20,7 @@ from . import argtable, cluster, disagg, guards, kv_path, mooncake_select, route
 from . import instances as inst_rules
 from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
 from .instances import Instance
+from ..node.router_launch import router_argv
 from .ports import allocate
 
 MODEL_KINDS = ("moe_mla", "moe", "dense")
@@ -111,28 +112,6 @@ def _show(value: Any) -> str:
 def known_server_args() -> frozenset[str]:
     text = resources.files("pdnode").joinpath("data/serverargs-0.5.23.txt").read_text()
     return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
-
-
-def router_argv(router: dict[str, Any]) -> list[str]:
-    """sglang-router arguments (underscored names) -> its command line."""
-    argv: list[str] = []
-    for key, value in router.items():
-        flag = "--" + key.replace("_", "-")
-        if key == "prefill":
-            for url, bootstrap in value:
-                argv += [flag, url, "none" if bootstrap is None else str(bootstrap)]
-        elif key == "decode":
-            for url in value:
-                argv += [flag, url]
-        elif value is True:
-            argv.append(flag)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, list):
-            argv += [flag, *map(str, value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
 
 
 class _Checker:

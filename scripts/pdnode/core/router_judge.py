@@ -26,13 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..node.router_launch import PACKAGES, judge
 from .guards import shown
 
 # (rule id, field, value, rule, fix): the plan checker's error() and warn()
 Report = Callable[[str, str, Any, str, str], None]
 JUDGE_VERSION = 1  # bump when what is asked, or how a verdict is read, changes
 CACHE_MAX = 1000  # verdicts kept (16 bytes each, mostly)
-MODULES = {"sglang-router": "sglang_router", "smg": "smg"}  # router_launch.PACKAGES, without importing it
 
 
 def installed_version(dist: str) -> str | None:
@@ -90,8 +90,6 @@ def verdict(router: dict[str, Any], package: str, extras: list[str], api_key: bo
     """[[key, reason], ...], empty when the router would start. The key is the extra
     refused alone, OWN when the plan's own arguments (no extra) are refused, TOGETHER
     when the extras are refused only together."""
-    from ..node.router_launch import judge  # imports the plan: not at module level
-
     def ask(args: dict[str, Any]) -> list[str]:
         return judge(args, package, api_key=api_key)
 
@@ -110,7 +108,7 @@ def check(error: Report, warn: Report, router: dict[str, Any], package: str, ver
           api_key: bool) -> None:
     """Ask PACKAGE (the plan installs VERSION) about ROUTER (the router JSON the plan writes;
     EXTRAS: the keys that come from pdnode_router_extra_args)."""
-    installed = installed_version(package) if package in MODULES else None
+    installed = installed_version(package) if package in PACKAGES else None
     if installed != version:
         if extras:
             have = f"{package} {installed}" if installed else f"no {package}"

@@ -3,18 +3,17 @@ and after its load and reports the difference per instance).
 
     python -m pdnode.node.bench_counters --plan - < PLAN.json    (playbooks/bench.yml runs it)
 
-Prints one JSON object (schema pdnode.bench_counters/1):
+Prints one JSON object (schema pdnode.bench_counters/2):
 
     {"schema": ..., "instances": {"prefill-0": {"role": "prefill", "url": ...,
-        "counters": {"sglang:num_requests_total": [[{labels}, value], ...], ...},
-        "error": null}, ...}}
+        "metrics": "<the counters' lines of its /metrics>", "error": null}, ...}}
 
 Runs on the node because the engines listen on its loopback only. Every series of each
-counter is kept (one per label set: streaming or not, every reporting rank) so the
-controller can tell a counter that went down (an engine restarted during the run) from
-one that grew, per series, like PromQL's increase(). /metrics needs no API key (SGLang
-exempts it, as do the stand-in's routes). Exit 0 with a report even when an engine does
-not answer (its "error" says why); 2 when the plan cannot be read.
+counter is kept (the controller parses them: pdnode.commands.bench_report) so it can tell
+a counter that went down (an engine restarted during the run) from one that grew, per
+series, like PromQL's increase(). /metrics needs no API key (SGLang exempts it, as do the
+stand-in's routes). Exit 0 with a report even when an engine does not answer (its
+"error" says why); 2 when the plan cannot be read.
 """
 
 from __future__ import annotations
@@ -23,14 +22,11 @@ import argparse
 import json
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..verify.cli import read_plan
-from ..verify.http import request
-from ..verify.metrics import MetricsParseError, parse
-
-SCHEMA = "pdnode.bench_counters/1"
+SCHEMA = "pdnode.bench_counters/2"
 COUNTERS = ("sglang:num_requests_total", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
             # the prefill's KV hand-offs (histograms: their _sum and _count are counters)
             "sglang:kv_transfer_latency_ms_sum", "sglang:kv_transfer_latency_ms_count",
@@ -49,24 +45,22 @@ def engine_services(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
             and s.get("url")]
 
 
-def counters_from_text(text: str) -> dict[str, list[list[Any]]]:
-    """The work counters' series in Prometheus text: name -> [[labels, value], ...]."""
-    snap = parse(text)
-    return {name: [[dict(labels), value] for labels, value in sorted(snap.series(name).items())]
-            for name in COUNTERS}
+def counter_lines(text: str) -> str:
+    """The lines of ``text`` (Prometheus text) that belong to the counters: their samples
+    and their families' # TYPE / # HELP lines, chosen by name only (the controller parses)."""
+    names = set(COUNTERS) | {name.rsplit("_", 1)[0] for name in COUNTERS}
+    return "".join(f"{line}\n" for line in text.splitlines()
+                   if (line.split() + ["", "", ""])[2 if line.startswith("#") else 0].split("{")[0] in names)
 
 
 def read_instance(service: Mapping[str, Any], timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
     url = str(service.get("url") or "").rstrip("/") + "/metrics"
-    out: dict[str, Any] = {"role": service.get("role"), "url": url, "counters": {}, "error": None}
-    resp = request("GET", url, timeout_s=timeout_s)
-    if not resp.ok:
-        out["error"] = f"GET {url}: {resp.short()}"
-        return out
+    out: dict[str, Any] = {"role": service.get("role"), "url": url, "metrics": "", "error": None}
     try:
-        out["counters"] = counters_from_text(resp.text)
-    except MetricsParseError as exc:
-        out["error"] = f"GET {url}: {exc}"
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - the engines' URLs from the plan
+            out["metrics"] = counter_lines(resp.read().decode("utf-8", errors="replace"))
+    except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+        out["error"] = f"GET {url}: {getattr(exc, 'reason', None) or exc}"
     return out
 
 
@@ -82,7 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per engine")
     args = p.parse_args(argv)
     try:
-        plan = read_plan(args.plan)
+        if args.plan == "-":
+            plan = json.load(sys.stdin)
+        else:
+            with open(args.plan, encoding="utf-8") as fh:
+                plan = json.load(fh)
         if not isinstance(plan, dict):
             raise ValueError("not a JSON object")
         report = snapshot(plan, args.timeout)

@@ -30,7 +30,7 @@ def probe(url: str, timeout: float) -> str | None:
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code}"
     except (urllib.error.URLError, OSError) as exc:
-        return str(getattr(exc, "reason", exc))
+        return str(getattr(exc, "reason", exc)) or type(exc).__name__
 
 
 def process_alive(pid: int) -> bool:

@@ -35,12 +35,9 @@ import importlib
 import importlib.util
 import io
 import json
-import logging
 import sys
-from importlib import metadata
 from typing import Any
 
-from ..core.plan import router_argv
 from .secrets import SecretError, read_secret_file
 
 # Distribution -> the module that holds launch_router, parse_router_args and router_args.
@@ -57,6 +54,30 @@ SECRET_ARGS = ("api_key", "control_plane_api_keys", "jwt_issuer", "jwt_audience"
 
 class LaunchError(Exception):
     pass
+
+
+def router_argv(router: dict[str, Any]) -> list[str]:
+    """sglang-router arguments (underscored names) -> its command line (smg reads the same;
+    here, with the program that runs it; pdnode.core.plan shows it: `pdnode render --role router-argv`)."""
+    argv: list[str] = []
+    for key, value in router.items():
+        flag = "--" + key.replace("_", "-")
+        if key == "prefill":
+            for url, bootstrap in value:
+                argv += [flag, url, "none" if bootstrap is None else str(bootstrap)]
+        elif key == "decode":
+            for url in value:
+                argv += [flag, url]
+        elif value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
 
 
 def control_plane_args(admin_key: str) -> list[str]:
@@ -92,6 +113,8 @@ def pick_package(requested: str, installed: list[str]) -> str:
 
 
 def package_version(package: str) -> str:
+    from importlib import metadata  # here, not at the top: pdnode.core.plan imports this module (`pdnode check` stays fast)
+
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -140,6 +163,8 @@ def judge(router: Any, package: str, *, api_key: bool = False, admin_key: bool =
         return problems
     launcher = importlib.import_module(f"{PACKAGES[package]}.launch_router")
     rust = importlib.import_module(f"{PACKAGES[package]}.router")
+    import logging  # here, as importlib.metadata above
+
     err = io.StringIO()
     level = logging.root.manager.disable
     logging.disable(logging.CRITICAL)  # the packages log their choices; a verdict is the answer

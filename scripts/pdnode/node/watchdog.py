@@ -26,8 +26,9 @@ import os
 import socket
 import sys
 import time
-import urllib.error
 import urllib.request
+
+from .ready import probe as health  # None when /health answered 200 in time, else why not
 
 # SGLang's /health answers 503 by itself after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) without
 # scheduler progress: wait a little longer, so that a slow but working engine (a long
@@ -44,17 +45,6 @@ def process_state(pid: int) -> str | None:
         return None
     fields = stat.rsplit(")", 1)[-1].split()  # the command name may contain ')'
     return fields[0] if fields else None
-
-
-def health(url: str, timeout: float) -> str | None:
-    """None when /health answered 200 in time, else why not."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - the engine's loopback URL
-            return None if resp.status == 200 else f"HTTP {resp.status}"
-    except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
-        return str(getattr(exc, "reason", exc)) or type(exc).__name__
 
 
 def notify(address: str, message: str) -> None:

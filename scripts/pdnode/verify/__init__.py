@@ -12,7 +12,6 @@ Modules
     metrics.py     Prometheus text -> snapshots; deltas, histogram_quantile, instances merged
     access.py      access-layer diagnoses: proxies, API key/Bearer, /v1/v1, 200 without choices
     services.py    systemctl show -> unit state, crash-loop detection
-    thresholds.py  the threshold table and metric names (import-free: the one copy)
     base.py        statuses, results, the run's context, the gate
     checks.py      the checks in order, with their dependencies; one module per job:
                    checks_services, checks_engines, checks_router, checks_access,
@@ -23,7 +22,9 @@ Modules
 Documentation: docs/verification.md; runbook: docs/runbooks/verification-failed.md.
 """
 
-from .codes import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK, SCHEMA
+from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
+
+SCHEMA = "pdnode.verify/1"
 
 __all__ = ["EXIT_CANNOT_RUN", "EXIT_FAILED", "EXIT_OK", "SCHEMA", "Report", "verify"]
 

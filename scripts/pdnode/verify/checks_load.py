@@ -17,7 +17,7 @@ from . import metrics as pm
 from .base import (FAIL, NA, PASS, RUNBOOK, SKIP, Ctx, Result, Snaps, chat_body, fmt, fold_stream, make_prompt,
                    num)
 from .http import stream_sse
-from .thresholds import M_REQS, THRESHOLDS
+from ..core.thresholds import M_REQS, THRESHOLDS
 
 
 def check_burst(ctx: Ctx) -> Result:

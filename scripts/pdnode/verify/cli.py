@@ -19,7 +19,8 @@ import sys
 from typing import Any
 from collections.abc import Mapping, Sequence
 
-from .codes import EXIT_CANNOT_RUN, SCHEMA
+from ..core.exits import EXIT_CANNOT_RUN
+from . import SCHEMA
 
 EPILOG = """\
 checks, in order: services, bootstrap.<prefill>, <instance> (prefill-0, decode-0, ...), router, proxy,
@@ -113,29 +114,23 @@ def _cannot_run(args: argparse.Namespace, why: str) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..core.inventory import InventoryError, inventory_variables, load_inventory
-    from ..core.plan import PlanError, build_plan
-
     from ..core.cluster import layout_view
+    from ..core.load import Unplannable, load_plan
 
     try:
-        hv = load_inventory(args.inventory, args.host)
-        peers = inventory_variables(args.inventory)
-        plan = build_plan(hv.variables, hv.host, peers)
+        loaded = load_plan(args.inventory, args.host)
+        plan, host = loaded.plan, loaded.plan.host
         if plan.cluster["multi_host"] and "router" not in plan.services:
-            return _cannot_run(args, f"{hv.host} does not run the router of its layout: verify from "
+            return _cannot_run(args, f"{host} does not run the router of its layout: verify from "
                                      f"{plan.cluster['router']['host']} (--host {plan.cluster['router']['host']})")
         # the layout's every engine, as each host plans it
-        plans = {h: build_plan(peers[h], h, peers).as_dict() for h in plan.cluster["hosts"]}
-    except InventoryError as exc:
-        return _cannot_run(args, str(exc))
-    except PlanError as exc:
-        return _cannot_run(args, "the inventory is invalid (run `pdnode check`):\n  "
-                           + "\n  ".join(str(p) for p in exc.problems))
-    conn = str(hv.variables.get("ansible_connection") or "")
-    address = None if conn == "local" else hv.variables.get("ansible_host")
+        plans = {h: load_plan(args.inventory, h).plan.as_dict() for h in plan.cluster["hosts"]}
+    except Unplannable as exc:  # an invalid inventory too: the node is what this command judges
+        return _cannot_run(args, "\n".join([str(exc), *exc.lines[1:]]))
+    conn = str(loaded.variables.get("ansible_connection") or "")
+    address = None if conn == "local" else loaded.variables.get("ansible_host")
     # The inventory, not an address, says whether this machine is the node.
-    return run_with_plan(layout_view(plans, hv.host), args, node_address=str(address) if address else None,
+    return run_with_plan(layout_view(plans, host), args, node_address=str(address) if address else None,
                          api_key_file=plan.settings.get("pdnode_api_key_file"), on_node=conn == "local")
 
 

@@ -21,7 +21,8 @@ from .config import Run
 from .http import port_open
 from .text import printable
 
-from .codes import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK, SCHEMA  # noqa: F401 - re-exported
+from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
+from . import SCHEMA
 
 
 @dataclass

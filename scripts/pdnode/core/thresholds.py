@@ -1,8 +1,8 @@
 """The threshold table and the metric names the verifier relies on: the ONE place they are written.
 
-No imports: pdnode.core.fields (inventory validation, docs/inventory.md) and pdnode.core.monitoring
-(alert rules) read THRESHOLD_KEYS from here without loading the verifier's HTTP and
-Prometheus code. Metric names are SGLang 0.5.23's.
+No imports: pdnode.core.fields (inventory validation, docs/inventory.md) reads
+THRESHOLD_KEYS and the verifier (pdnode.verify) the table and the metric names; it sits
+in core, below both. Metric names are SGLang 0.5.23's.
 """
 
 from __future__ import annotations
