@@ -43,13 +43,14 @@ def layout(prefills: int, decodes: int, coupled: bool = True, delay: int = 15) -
 def test_one_prefill_one_decode_every_restart_is_an_outage():
     costs = change_cost.costs(layout(1, 1), TIMEOUT)
     assert {k: c.drops for k, c in costs.items()} == {"prefill-0": True, "decode-0": True, "router": True,
-                                                      "upgrade": True}
+                                                      "upgrade": True, "router-upgrade": True}
     # the decode bound to the prefill restarts after it: two readiness gates in turn
     assert costs["prefill-0"].units == ("pd-prefill-0.service", "pd-decode-0.service")
     assert costs["prefill-0"].outage_max_s == DRAIN + 2 * TIMEOUT
     assert costs["decode-0"].outage_max_s == DRAIN + TIMEOUT
     assert costs["router"].outage_max_s == TIMEOUT  # not drained: restarted by itself
     assert costs["upgrade"].outage_max_s == DRAIN + 2 * TIMEOUT
+    assert costs["router-upgrade"].outage_max_s == DRAIN + 2 * TIMEOUT
 
 
 def test_two_of_each_role_restart_without_a_drop_when_drained():
@@ -57,7 +58,11 @@ def test_two_of_each_role_restart_without_a_drop_when_drained():
     for iid in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
         assert not costs[iid].drops and costs[iid].outage_max_s is None, costs[iid]
     assert costs["router"].drops  # one router: clients connect to it
-    assert costs["upgrade"].drops and costs["upgrade"].why == costs["router"].why
+    # An upgrade that keeps the router's package and version leaves the router running (its
+    # own venv): nothing dropped. One that changes the router restarts it: an outage.
+    assert not costs["upgrade"].drops and "pd-router.service" not in costs["upgrade"].units
+    assert costs["router-upgrade"].drops and costs["router-upgrade"].why == costs["router"].why
+    assert costs["router-upgrade"].units[-1] == "pd-router.service"
 
 
 def test_without_the_drain_a_peered_instance_still_loses_its_requests_in_flight():
@@ -73,7 +78,7 @@ def test_without_the_drain_a_peered_instance_still_loses_its_requests_in_flight(
 ])
 def test_only_the_lone_instance_of_a_role_drops(prefills, decodes, dropping):
     costs = change_cost.costs(layout(prefills, decodes, coupled=False), TIMEOUT)
-    engines = {k for k, c in costs.items() if k not in ("router", "upgrade") and c.drops}
+    engines = {k for k, c in costs.items() if k not in ("router", "upgrade", "router-upgrade") and c.drops}
     assert engines == dropping
 
 
@@ -85,7 +90,8 @@ def test_a_lone_prefill_waits_for_the_decodes_to_drop_it_first():
 def test_the_reference_inventories():
     assert change_cost.role_counts(plan_of("gpu01")) == {"prefill": 1, "decode": 1}
     two = change_cost.costs(plan_of("gpu01-2p1d"), TIMEOUT)
-    assert [k for k, c in two.items() if c.drops and c.outage_max_s] == ["decode-0", "router", "upgrade"]
+    assert [k for k, c in two.items() if c.drops and c.outage_max_s] == ["decode-0", "router", "upgrade",
+                                                                          "router-upgrade"]
     assert two["prefill-0"].outage_max_s is None
     one_two = change_cost.costs(plan_of("gpu01-1p2d"), TIMEOUT)
     assert one_two["prefill-0"].drops and not one_two["decode-0"].drops and not one_two["decode-1"].drops
@@ -104,6 +110,6 @@ def test_the_quoted_figures_stand_in_measurements_md():
 
 
 def test_an_upgrade_restarts_a_bound_decode_once_with_its_prefill():
-    cost = change_cost.upgrade_cost(layout(1, 2), TIMEOUT)
+    cost = change_cost.upgrade_cost(layout(1, 2), TIMEOUT, router=True)
     assert cost.units == ("pd-prefill-0.service", "pd-decode-0.service", "pd-decode-1.service", "pd-router.service")
     assert cost.outage_max_s == DRAIN + 2 * TIMEOUT

@@ -40,9 +40,14 @@ def test_services_of_the_demo_node(demo_vars):
     }
     assert s["decode-0"]["exec"][-1] == s["decode-0"]["config"] == "/etc/sglang-pd/decode-0.json"
     assert s["decode-0"]["ready"] == ["http://127.0.0.1:30001/health"]
+    # The router runs from its own venv, named by its package and version only: a new
+    # release of the engines leaves its unit unchanged (docs/decisions.md).
+    router_py = "/opt/sglang-pd/venvs/router-smg-1.13.0/bin/python"
+    assert p["install"]["router_python"] == router_py
+    assert s["router"]["live_args"] == ["prefill", "decode"]
     assert _units_view(s["router"]) == {
         "unit": "sglang-pd-router.service",
-        "exec": [py, "-m", "pdnode.node.router_launch", "/etc/sglang-pd/router.json", "--router-package", "smg",
+        "exec": [router_py, "-m", "pdnode.node.router_launch", "/etc/sglang-pd/router.json", "--router-package", "smg",
                  "--admin-key-file", "/etc/sglang-pd/router-admin-key"],
         "ready": ["http://127.0.0.1:8000/readiness"],
     }

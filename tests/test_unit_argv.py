@@ -404,7 +404,9 @@ def expected(case: Case, sid: str) -> dict[str, Any]:
         "Description": f"SGLang PD {sid} ({case.plan['settings']['pdnode_model_served_name']})",
         "ExecStart": [svc["exec"]],
         "ExecStartPre": [],
-        "ExecStartPost": [[install["python"], "-m", "pdnode.node.ready", "--timeout", str(case.timeout), *svc["ready"]]],
+        # the readiness gate runs from the service's own venv (the router has one of its own)
+        "ExecStartPost": [[install["router_python"] if svc["role"] == "router" else install["python"], "-m",
+                           "pdnode.node.ready", "--timeout", str(case.timeout), *svc["ready"]]],
         "ExecCondition": [], "ExecReload": [], "ExecStop": [], "ExecStopPost": [],
         "User": install["user"],
         "EnvironmentFiles": [[svc["env_file"], False]],

@@ -229,14 +229,18 @@ def test_a_drain_past_its_timeout_says_what_was_left(tmp_path):
         assert done == ["ok"]
 
 
+@pytest.mark.parametrize("command", ["out-unplanned", "reconcile"])
 @pytest.mark.parametrize("package", PACKAGES)
-def test_a_worker_the_plan_no_longer_has_leaves_the_router(tmp_path, package):
-    """A layout change that removes decode-1: out-unplanned takes out what the plan lacks."""
+def test_a_worker_the_plan_no_longer_has_leaves_the_router(tmp_path, package, command):
+    """A layout change that removes decode-1: out-unplanned (before its unit stops) and
+    reconcile (every deploy's last step: the router is not restarted for a new worker
+    list) take out what the plan lacks."""
     with node_2p2d(tmp_path, package) as n:
         planned = {i: w for i, w in n["workers"].items() if i != "decode-1"}
-        result, lines = drain({**n, "workers": planned}, "out-unplanned", list(planned))
+        result, lines = drain({**n, "workers": planned}, command, list(planned))
         assert result["removed"] == [n["workers"]["decode-1"]["url"]], lines
         assert listed(n) == set(planned)
+        assert result["added"] == []
 
 
 def test_with_no_router_answering_there_is_nothing_to_do(tmp_path):

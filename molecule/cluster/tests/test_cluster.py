@@ -16,6 +16,7 @@ docs/measurements.md.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -35,6 +36,7 @@ ADDRESS = {"pd-prefill": "172.28.61.11", "pd-decode": "172.28.61.12", "pd-router
 ROUTER = f"http://{ADDRESS['pd-router']}:8000"
 PREFIX = "sglang-pd"
 KEY = (REPO / "molecule" / "node" / "files" / "test-api-key").read_text().strip()
+LOAD = "/var/tmp/pdnode-upgrade-load"
 RUNS = {"pd-prefill": [f"{PREFIX}-prefill-0.service"], "pd-decode": [f"{PREFIX}-decode-0.service"],
         "pd-router": [f"{PREFIX}-router.service"]}
 
@@ -248,9 +250,21 @@ def test_upgrade_switches_one_host_at_a_time_verifying_the_layout_from_each(tmp_
     # new release directory on every host with the serving release's packages.
     new_pin = BY_NAME["pdnode_mooncake_cuda13_version"].default + ".post1"
     inv = _inventory_with(tmp_path, pdnode_mooncake_cuda13_version=new_pin)
+    router_unit = RUNS["pd-router"][0]
+    router_since = on("pd-router").check_output(f"systemctl show -p MainPID -p ActiveEnterTimestamp {router_unit}")
+    # The drain measurements' load beside the upgrade's own prober (docs/measurements.md):
+    # 4 loops through the router, one completion every 100 ms each, every second streaming.
+    probe = base64.b64encode((REPO / "scripts" / "pdnode" / "node" / "upgrade_probe.py").read_bytes()).decode()
+    on("pd-router").check_output(f"echo {probe} | base64 -d > {LOAD}.py; rm -f {LOAD}.json; "
+                                 f"nohup python3 {LOAD}.py --url http://127.0.0.1:8000 --model demo-moe "
+                                 f"--key-file /etc/sglang-pd/api-key --out {LOAD}.json --clients 4 --stream "
+                                 f"--timeout 60 > /dev/null 2>&1 & echo $! > {LOAD}.pid")
     t0 = time.monotonic()
-    proc = subprocess.run(["ansible-playbook", "-i", str(inv), str(REPO / "playbooks" / "upgrade.yml")], cwd=REPO,
-                          env=_env(), capture_output=True, text=True, timeout=1500)
+    try:
+        proc = subprocess.run(["ansible-playbook", "-i", str(inv), str(REPO / "playbooks" / "upgrade.yml")],
+                              cwd=REPO, env=_env(), capture_output=True, text=True, timeout=1500)
+    finally:
+        on("pd-router").run(f"kill -TERM $(cat {LOAD}.pid)")
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-5000:]
     # serial: 1 -- the play runs once per host, one batch after the other
@@ -262,9 +276,25 @@ def test_upgrade_switches_one_host_at_a_time_verifying_the_layout_from_each(tmp_
         assert report["to_venv"].endswith(f"-cu13-{new_pin}"), report["to_venv"]
         for unit in RUNS[name]:
             exec_start = on(name).check_output(f"systemctl show -p ExecStart --value {unit}")
+            if unit == router_unit:
+                # the router runs from its own venv (package and version): the release that
+                # keeps the router leaves it running, the same process
+                assert "/venvs/router-" in exec_start, exec_start
+                continue
             assert f"-cu13-{new_pin}/bin/python" in exec_start, (name, unit)
         print(f"\nupgrade of {name}: failed probe requests {report['failed_requests']} of "
               f"{report['probe']['requests']}, longest outage {report['longest_outage_s']} s")
     print(f"upgrade of the three hosts, one at a time: {took:.0f} s")
+    end = time.monotonic() + 120  # the load writes its result once its last requests end
+    while not on("pd-router").run(f"test -s {LOAD}.json").succeeded:
+        assert time.monotonic() < end, "the load wrote no result"
+        time.sleep(0.5)
+    load = json.loads(on("pd-router").check_output(f"cat {LOAD}.json"))
+    # 1P1D: the prefill's and the decode's switches are outages; a benchmark, not asserted
+    print("load during the upgrade (4 clients, half streaming): " + json.dumps(
+        {k: load[k] for k in ("requests", "ok", "failed", "codes", "duration_s", "longest_gap_s", "outages")}))
+    assert load["requests"] > 0
+    assert on("pd-router").check_output(
+        f"systemctl show -p MainPID -p ActiveEnterTimestamp {router_unit}") == router_since
     status, text = completion()
     assert status == 200, text

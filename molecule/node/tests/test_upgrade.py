@@ -1,5 +1,7 @@
 """playbooks/upgrade.yml on the scenario's node, from the controller, with real packages
-from the wheelhouse. The node starts on the default router, smg 1.13.0: an upgrade to
+from the wheelhouse. First, on 2P2D under steady load (4 clients, half streaming): a layout
+change (2P2D -> 2P1D -> 2P2D) and an upgrade to a release that keeps the router leave the
+router's process as it was and fail no request. The node starts on the default router, smg 1.13.0: an upgrade to
 sglang-router 0.3.2 (upgraded), then back to smg killed mid-switch whose re-run ends on
 one release, then a bad release that fails verification and rolls back by itself (the
 node serving smg after). After each, the router process that runs is the package the
@@ -16,6 +18,7 @@ back to the previous versions removes it, as a rollback must.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -32,6 +35,7 @@ CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 PREFIX = "sglang-pd"
 VENVS = "/opt/sglang-pd/venvs"
 UNITS = [f"{PREFIX}-prefill-0.service", f"{PREFIX}-decode-0.service", f"{PREFIX}-router.service"]
+ENGINE_UNITS, ROUTER_UNIT = UNITS[:2], UNITS[2]
 REPORT = REPO / ".cache" / "upgrade" / f"{CONTAINER}.json"
 RECORD = f"/var/lib/pdnode/releases/{PREFIX}.json"
 # A completion through the router, the key read from the node's key file (not argv).
@@ -66,6 +70,19 @@ def release(router: str, cu13: str) -> str:
     part = f"router-{BY_NAME['pdnode_sglang_router_version'].default}" if router == "sglang-router" \
         else f"smg-{BY_NAME['pdnode_smg_version'].default}"
     return f"{VENVS}/sim-{part}-mooncake-{mooncake}-cu13-{cu13}"
+
+
+def router_venv(package: str) -> str:
+    """The router's own venv: its package and version name it (plan.router_venv_name)."""
+    from pdnode.core.fields import BY_NAME
+
+    key = "pdnode_smg_version" if package == "smg" else "pdnode_sglang_router_version"
+    return f"{VENVS}/router-{package}-{BY_NAME[key].default}"
+
+
+def router_since(host) -> str:
+    """The router's process and when it became active: unchanged = not restarted."""
+    return host.check_output(f"systemctl show -p MainPID -p ActiveEnterTimestamp {ROUTER_UNIT}")
 
 
 def exec_python(host, unit: str) -> str:
@@ -106,9 +123,100 @@ def versions(inventory, tmp_path_factory):
     assert back.returncode == 0, back.stdout[-4000:] + back.stderr[-2000:]
 
 
+# 2P2D and 2P1D on the scenario's eight (simulated) GPUs: two prefills at TP 2, decodes at
+# TP 2 with attention-DP 2. The layout change removes decode-1 and adds it back: the
+# other three instances keep their files, only the router's worker list changes.
+PREFILLS_TP2 = [{"gpus": [0, 1], "tp_size": 2}, {"gpus": [2, 3], "tp_size": 2}]
+DECODE_TP2 = [{"gpus": g, "tp_size": 2, "attn_dp_size": 2, "ep_size": 2, "moe_dense_tp_size": 1,
+               "enable_dp_lm_head": True} for g in ([4, 5], [6, 7])]
+LAYOUT_2P2D = {"pdnode_prefill_instances": PREFILLS_TP2, "pdnode_decode_instances": DECODE_TP2}
+LAYOUT_2P1D = {"pdnode_prefill_instances": PREFILLS_TP2, "pdnode_decode_instances": DECODE_TP2[:1]}
+WORKERS_2P2D = {"http://127.0.0.1:30000", "http://127.0.0.1:30010", "http://127.0.0.1:30001",
+                "http://127.0.0.1:30011"}
+PROBE = "/var/tmp/pdnode-router-keep-probe"
+
+
+def _inventory(base_inventory: Path, tmp: Path, over: dict) -> Path:
+    base = yaml.safe_load((base_inventory / "host_vars" / f"{CONTAINER}.yml").read_text()) or {}
+    (tmp / "host_vars").mkdir(parents=True)
+    (tmp / "group_vars").symlink_to(REPO / "inventories" / "demo" / "group_vars")
+    (tmp / "hosts.yml").write_text((base_inventory / "hosts.yml").read_text())
+    (tmp / "host_vars" / f"{CONTAINER}.yml").write_text(json.dumps({**base, **over}))
+    return tmp
+
+
+def router_workers(host) -> dict[str, bool]:
+    """url -> healthy, as the router lists its workers (read with the admin key on the host)."""
+    admin = host.check_output("cat /etc/sglang-pd/router-admin-key")
+    body = host.check_output(f"curl -sS --max-time 10 -H 'Authorization: Bearer {admin}' "
+                             "http://127.0.0.1:8000/workers")
+    return {w["url"]: w.get("is_healthy", True) for w in json.loads(body)["workers"]}
+
+
+def wait_workers(host, want: set[str], deadline_s: float = 300) -> None:
+    end = time.monotonic() + deadline_s  # ends once the router lists exactly WANT, healthy
+    while True:
+        got = router_workers(host)
+        if set(got) == want and all(got.values()):
+            return
+        assert time.monotonic() < end, got
+        time.sleep(1)
+
+
+def test_a_layout_change_and_an_upgrade_keeping_the_router_leave_it_running_and_fail_nothing(
+        host, versions, inventory, tmp_path):
+    """On 2P2D under steady load (scripts/pdnode/node/upgrade_probe.py, 4 clients, every second
+    one streaming, a cut stream counting as failed): 2P2D -> 2P1D -> 2P2D (deploy.yml) and
+    an upgrade to a new release with the same router package and version (upgrade.yml).
+    The router is the same process throughout (its worker list changed through its admin
+    API; it runs from its own venv), and no request failed."""
+    cu13 = versions["cu13"]
+    inv_2p2d = _inventory(inventory, tmp_path / "2p2d", LAYOUT_2P2D)
+    inv_2p1d = _inventory(inventory, tmp_path / "2p1d", LAYOUT_2P1D)
+    inv_new = _inventory(inventory, tmp_path / "2p2d-new",
+                         {**LAYOUT_2P2D, "pdnode_mooncake_cuda13_version": cu13 + ".post2"})
+    first = playbook(inv_2p2d, "deploy.yml")
+    assert first.returncode == 0, first.stdout[-4000:]
+    wait_workers(host, WORKERS_2P2D)
+    before = router_since(host)
+    probe = base64.b64encode((REPO / "scripts" / "pdnode" / "node" / "upgrade_probe.py").read_bytes()).decode()
+    host.check_output(f"echo {probe} | base64 -d > {PROBE}.py; rm -f {PROBE}.json")
+    host.check_output(f"nohup python3 {PROBE}.py --url http://127.0.0.1:8000 --model demo-moe "
+                      f"--key-file /etc/sglang-pd/api-key --out {PROBE}.json --clients 4 --stream --interval 0.1 "
+                      f"--timeout 60 > /dev/null 2>&1 & echo $! > {PROBE}.pid")
+    try:
+        time.sleep(3)  # the probe measures the serving layout first
+        for inv, name, what, workers in (
+                (inv_2p1d, "deploy.yml", "2P2D -> 2P1D", WORKERS_2P2D - {"http://127.0.0.1:30011"}),
+                (inv_2p2d, "deploy.yml", "2P1D -> 2P2D", WORKERS_2P2D),
+                (inv_new, "upgrade.yml", "upgrade of 2P2D keeping the router", WORKERS_2P2D)):
+            t0 = time.monotonic()
+            proc = playbook(inv, name)
+            print(f"{what} under load: {time.monotonic() - t0:.1f} s")
+            assert proc.returncode == 0, f"{what}:\n{proc.stdout[-5000:]}"
+            wait_workers(host, workers, 120)  # the deploy's reconcile already made the list the plan's
+    finally:
+        host.run(f"kill -TERM $(cat {PROBE}.pid)")
+    end = time.monotonic() + 120  # the probe writes its result once its last requests end
+    while not host.run(f"test -s {PROBE}.json").succeeded:
+        assert time.monotonic() < end, "the probe wrote no result"
+        time.sleep(0.5)
+    result = json.loads(host.check_output(f"cat {PROBE}.json"))
+    print("under the layout change and the upgrade: " + json.dumps(
+        {k: result[k] for k in ("requests", "ok", "failed", "codes", "longest_gap_s", "first_failures")}))
+    assert result["requests"] > 0 and result["failed"] == 0, result
+    assert router_since(host) == before
+    assert exec_python(host, ROUTER_UNIT) == f"{router_venv('smg')}/bin/python"
+    for unit in ENGINE_UNITS:
+        assert exec_python(host, unit) == f"{release('smg', cu13 + '.post2')}/bin/python", unit
+    back = playbook(inventory, "deploy.yml")  # the scenario's own description for the tests below
+    assert back.returncode == 0, back.stdout[-4000:]
+
+
 def test_upgrade_smg_to_sglang_router(host, versions):
     old, new = release("smg", versions["cu13"]), release("sglang-router", versions["cu13"])
-    assert exec_python(host, f"{PREFIX}-router.service") == f"{old}/bin/python"
+    assert exec_python(host, ENGINE_UNITS[0]) == f"{old}/bin/python"
+    assert exec_python(host, ROUTER_UNIT) == f"{router_venv('smg')}/bin/python"
     assert router_running(host) == ["smg"]
     t0 = time.monotonic()
     proc = playbook(versions["sglang-router"], "upgrade.yml")
@@ -120,8 +228,10 @@ def test_upgrade_smg_to_sglang_router(host, versions):
     assert report["from"]["pdnode_router_package"] == "smg" and report["to"]["pdnode_router_package"] == "sglang-router"
     assert report["verify"]["verify"] == {"passed": True, "failed_checks": []}
     assert report["probe"]["requests"] > 0 and report["longest_outage_s"] is not None
-    for unit in UNITS:
+    for unit in ENGINE_UNITS:
         assert exec_python(host, unit) == f"{new}/bin/python", unit
+    # a new router package: the router's own venv for it, and the router restarted from it
+    assert exec_python(host, ROUTER_UNIT) == f"{router_venv('sglang-router')}/bin/python"
     assert router_running(host) == ["sglang-router"]
     record = host.file(RECORD)
     assert (record.user, record.mode) == ("root", 0o600)
@@ -154,9 +264,11 @@ def test_interrupted_upgrade_back_to_smg_rerun_ends_on_one_release(host, version
     assert (report["from_venv"], report["to_venv"]) == (old, smg)
     assert report["to"]["pdnode_router_package"] == "smg"
     assert report["verify"]["verify"] == {"passed": True, "failed_checks": []}
-    for unit in UNITS:
+    for unit in ENGINE_UNITS:
         assert exec_python(host, unit) == f"{smg}/bin/python", unit
         assert host.service(unit).is_running, unit
+    assert exec_python(host, ROUTER_UNIT) == f"{router_venv('smg')}/bin/python"
+    assert host.service(ROUTER_UNIT).is_running
     assert router_running(host) == ["smg"]
     doc = json.loads(host.check_output(f"cat {RECORD}"))
     assert (doc["serving"]["venv"], doc["previous"]["venv"], doc["switching_to"]) == (smg, old, None)
@@ -169,6 +281,7 @@ def test_bad_release_rolls_back_by_itself(host, versions):
     host.run_expect([0], f"rm -rf {bad} && cp -a {good} {bad}")
     host.run_expect([0], f"echo 'import os; os.environ.setdefault(\"PDNODE_SIM_FAULTS\", \"wrong_output\")' "
                          f"> {bad}/lib/python3.11/site-packages/zz-pdnode-fault.pth")
+    router_before = router_since(host)
     t0 = time.monotonic()
     proc = playbook(versions["bad"], "upgrade.yml")
     print(f"upgrade to the bad release and back: {time.monotonic() - t0:.1f} s")
@@ -183,9 +296,13 @@ def test_bad_release_rolls_back_by_itself(host, versions):
     assert report["verify"]["reverify"] == {"passed": True, "failed_checks": []}
     assert [s["name"] for s in report["steps"]] == ["build", "switch", "verify", "rollback", "reverify"]
     assert report["rollback_s"] > 0
-    for unit in UNITS:
+    for unit in ENGINE_UNITS:
         assert exec_python(host, unit) == f"{good}/bin/python", unit
         assert host.service(unit).is_running, unit
+    # the bad release kept the router's package and version: neither the switch nor the
+    # rollback restarted the router
+    assert exec_python(host, ROUTER_UNIT) == f"{router_venv('smg')}/bin/python"
+    assert router_since(host) == router_before
     assert router_running(host) == ["smg"]
     status, text = host.check_output(f"python3 -c '{COMPLETION}'").split(" ", 1)
     assert status == "200" and "Paris" in text

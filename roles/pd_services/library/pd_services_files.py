@@ -63,6 +63,12 @@ options:
         description: A systemd unit file (a change, or systemd's NeedDaemonReload, asks for a daemon-reload).
         type: bool
         default: false
+      digest:
+        description:
+          - What counts in its readers' digests instead of O(files[].content), when part of the
+            content reaches the running service another way (the router's worker list: through
+            its admin API). The file is written with its full content all the same.
+        type: str
   secrets:
     description:
       - Files that hold a secret (the API key), written like O(files) with O(files[].secret);
@@ -227,6 +233,14 @@ def _digests(sources, roles):
             for role, lines in per_role.items()}
 
 
+def _counted(spec, content):
+    """What a file counts for in its readers' digests: its content, or its spec's digest
+    (then the content's other part reaches the service without a restart)."""
+    if content is not None and spec.get("digest") is not None:
+        return spec["digest"].encode()
+    return content
+
+
 def _input_sources(inputs, written=frozenset()):
     """(path, roles, content) of the inputs; a path in WRITTEN counts as written, not here."""
     out = []
@@ -354,6 +368,7 @@ def main():
                 "secret": {"type": "bool", "default": False},
                 "roles": {"type": "list", "elements": "str", "default": []},
                 "unit": {"type": "bool", "default": False},
+                "digest": {"type": "str"},
             }},
             "secrets": {"type": "list", "elements": "dict", "default": [], "options": {
                 "path": {"type": "path", "required": True},
@@ -401,7 +416,8 @@ def main():
         if module.check_mode or not p["record"]:
             module.exit_json(changed=False, changed_paths=[], restart_roles=[], daemon_reload=False, recorded=[],
                              disabled=[])
-        sources = [(s["path"], s["roles"], _read(s["path"])) for s in specs] + _input_sources(p["inputs"], listed)
+        sources = [(s["path"], s["roles"], _counted(s, _read(s["path"]))) for s in specs] \
+            + _input_sources(p["inputs"], listed)
         digests = _digests(sources, roles)
         _write_records(p["applied_dir"], {r: digests[r] for r in p["record"]})
         module.exit_json(changed=True, changed_paths=[], restart_roles=[], daemon_reload=False,
@@ -475,7 +491,8 @@ def main():
     restart = []
     if p["applied_dir"]:
         # As the files are now (after the writes), or would be (check mode).
-        sources = [(item["path"], item["spec"]["roles"], item["want"] if item["write"] else _read(item["path"]))
+        sources = [(item["path"], item["spec"]["roles"],
+                    _counted(item["spec"], item["want"] if item["write"] else _read(item["path"])))
                    for item in plan] + _input_sources(p["inputs"], listed)
         digests = _digests(sources, roles)
         restart = [r for r in roles if _applied(p["applied_dir"], r) != digests[r]]

@@ -109,6 +109,8 @@ def _service(s: dict[str, Any]) -> dict[str, Any]:
         "address": f"{host}:{port}", "node_rank": rank, "nnodes": int(s["args"].get("nnodes") or 1),
         "bound_to": s.get("bound_to"), "upholds": list(s.get("upholds") or []),
         "restart_delay_s": s.get("restart_delay_s"),
+        # arguments the running service takes through its admin API (the router's workers)
+        "live_args": list(s.get("live_args") or []),
         "bootstrap_port": s.get("bootstrap_port") if s["url"] else None,
         "bootstrap_url": None, "bootstrap_route": None, "nccl_port": s["args"].get("nccl_port"),
         "metrics_url": s.get("metrics_url") or (s["url"].rstrip("/") + "/metrics" if s["url"] else None),
@@ -179,7 +181,7 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
     `role_values`: the inventory's pd_services_* values (the role's defaults otherwise)."""
     host = _check(plan["host"], HOST_RE, "host", "a host name")
     install = dict(plan["install"])
-    for key in ("root", "venv", "config_dir", "python", "api_key_path", "admin_key_path"):
+    for key in ("root", "venv", "router_venv", "config_dir", "python", "api_key_path", "admin_key_path"):
         _check(install[key], PATH_RE, f"install.{key}", "an absolute path of plain characters")
     _check(install["target"], UNIT_RE, "install.target", "a systemd unit name")
     if address is not None:

@@ -5,9 +5,12 @@ comes from. Pure: reads one host's plan (`Plan.as_dict()`) and the readiness tim
 The rule: a planned restart of an engine instance drops nothing when another instance of
 its role serves meanwhile (the instance is taken out of the router first, drained, then
 restarted); the layout's only prefill or only decode cannot be replaced while it restarts,
-so its restart is an outage. The one router always is: clients connect to it. An upgrade
-restarts every engine and the router on the new release, so it costs what the worst of
-those restarts costs.
+so its restart is an outage. The one router's restart always is: clients connect to it.
+But the router restarts only when the router itself changes: a layout change reaches it
+through its admin API (its worker list), and it runs from a venv of its own, named by its
+package and version, so an upgrade restarts every engine on the new release and leaves
+the router running unless the router's package or version changes ("router-upgrade").
+Each costs what the worst of its restarts costs.
 
 The outage's length: from the moment the instance leaves the router, the wait for its
 requests in flight (at most `pdnode_drain_timeout_s`), the prefill's wait for the decodes
@@ -97,30 +100,36 @@ def router_cost(plan: dict[str, Any], ready_timeout_s: int) -> Cost:
     return Cost("router", (unit,), True, "the layout has one router: clients connect to it", ready_timeout_s)
 
 
-def upgrade_cost(plan: dict[str, Any], ready_timeout_s: int, drain: bool = True) -> Cost:
-    """Every engine instance of this host and the router (where it runs here) restart on
-    the new release, one at a time: the worst single restart is the outage."""
+def upgrade_cost(plan: dict[str, Any], ready_timeout_s: int, drain: bool = True, router: bool = False) -> Cost:
+    """Every engine instance of this host restarts on the new release, one at a time; the
+    router (where it runs here) only when ROUTER: the upgrade changes its package or
+    version (otherwise its venv and unit stay as they are). The worst single restart is
+    the outage."""
     upheld = {u for s in plan["services"].values() for u in s.get("upholds") or ()}
     # a decode bound to the node's one prefill restarts with it, not on its own
     engines = [iid for iid, s in plan["services"].items() if s["role"] in ENGINE_ROLES and s["unit"] not in upheld]
     parts = [instance_cost(plan, iid, ready_timeout_s, drain) for iid in engines]
-    if "router" in plan["services"]:
+    if router and "router" in plan["services"]:
         parts.append(router_cost(plan, ready_timeout_s))
+    what = "router-upgrade" if router else "upgrade"
     dropping = [c for c in parts if c.drops]
     units = tuple(u for c in parts for u in c.units)
     if not dropping:
-        return Cost("upgrade", units, False, "every instance has a peer of its role serving while it restarts", None)
+        return Cost(what, units, False, "every instance has a peer of its role serving while it restarts", None)
     why = "; ".join(c.why for c in dropping)
     outages = [c.outage_max_s for c in dropping if c.outage_max_s is not None]
-    return Cost("upgrade", units, True, why, max(outages) if outages else None)
+    return Cost(what, units, True, why, max(outages) if outages else None)
 
 
 def costs(plan: dict[str, Any], ready_timeout_s: int, drain: bool = True) -> dict[str, Cost]:
-    """id -> Cost for every engine instance of this host, the router (when here) and the
-    upgrade: what the runbooks print."""
+    """id -> Cost for every engine instance of this host, the router (when here), the
+    upgrade and (when the router is here) the upgrade that changes the router: what the
+    runbooks print."""
     out = {iid: instance_cost(plan, iid, ready_timeout_s, drain)
            for iid, s in plan["services"].items() if s["role"] in ENGINE_ROLES}
     if "router" in plan["services"]:
         out["router"] = router_cost(plan, ready_timeout_s)
     out["upgrade"] = upgrade_cost(plan, ready_timeout_s, drain)
+    if "router" in plan["services"]:
+        out["router-upgrade"] = upgrade_cost(plan, ready_timeout_s, drain, router=True)
     return out

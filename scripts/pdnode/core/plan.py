@@ -488,6 +488,11 @@ def _release(v: dict[str, Any]) -> str:
         f"-cu13-{v['pdnode_mooncake_cuda13_version']}")
 
 
+def router_venv_name(package: str, version: str) -> str:
+    """The router's venv directory name: router-smg-1.13.0, router-sglang-router-0.3.2."""
+    return f"router-{package}-{version}"
+
+
 def _kv_path(c: _Checker, v: dict[str, Any], multi_host: bool, nic_map: bool) -> dict[str, Any]:
     """The layout's KV path (pdnode.core.kv_path), with the TTFT it adds to the layout's prompt
     size; TCP on real engines is a warning that says what it costs."""
@@ -514,6 +519,8 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
     host = layout.host
     prefix, config_dir, root = v["pdnode_service_prefix"], v["pdnode_config_dir"], v["pdnode_install_root"]
     venv = f"{root}/venvs/{_release(v)}"
+    package = v["pdnode_router_package"]
+    router_venv = f"{root}/venvs/{router_venv_name(package, v[ROUTER_PACKAGES[package]])}"
     install = {
         "user": v["pdnode_service_user"], "root": root, "venv": venv, "config_dir": config_dir,
         "engine": v["pdnode_engine"], "prefix": prefix, "target": f"{prefix}.target",
@@ -534,6 +541,11 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         # what the sglang role pip-installs for the router (sglang_router_requirement)
         "router_package": v["pdnode_router_package"],
         "router_requirement": f"{v['pdnode_router_package']}=={v[ROUTER_PACKAGES[v['pdnode_router_package']]]}",
+        # The router runs from a venv of its own, named by its package and version only: a
+        # new release that keeps the router's leaves its unit as it is, and the router
+        # running (docs/decisions.md, "The router in its own venv").
+        "router_venv": router_venv,
+        "router_python": f"{router_venv}/bin/python",
     }
     env_common = {"HF_HUB_OFFLINE": "1", **{str(k): str(val) for k, val in v["pdnode_engine_environment"].items()}}
     if layout.multi_host:
@@ -701,11 +713,15 @@ def _router_service(v: dict[str, Any], engines: dict[str, dict[str, Any]], insta
         "metrics_url": f"http://{_url_host(str(router['prometheus_host']))}:{router['prometheus_port']}/metrics",
         # The router's worker-management API needs the admin key, always (clients hold
         # only the API key, if any).
-        "exec": [install["python"], "-m", "pdnode.node.router_launch", f"{cfg}/router.json",
+        "exec": [install["router_python"], "-m", "pdnode.node.router_launch", f"{cfg}/router.json",
                  "--router-package", install["router_package"],
                  "--admin-key-file", install["admin_key_path"], *key],
         # /readiness turns 200 once a prefill and a decode are registered; gate there.
         "ready": [f"{url}/readiness"],
+        # Arguments a running router takes through its admin API (the deploy's pdnode.node.drain
+        # adds and removes workers): a change of only these restarts nothing
+        # (docs/decisions.md, "The router's worker list changes without a restart").
+        "live_args": ["prefill", "decode"],
         "bound_to": None, "upholds": [], "restart_delay_s": None,
     }
 

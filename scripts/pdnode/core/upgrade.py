@@ -29,6 +29,9 @@ OUTCOMES = ("upgraded", "rolled_back", "rollback_failed")
 _RELEASE_RE = re.compile(
     r"^(?:sim|sglang-(?P<sglang>[^-/]+))-(?:router-(?P<router>[^-/]+)|smg-(?P<smg>[^-/]+))"
     r"-mooncake-(?P<mooncake>[^-/]+)-cu13-(?P<cu13>[^-/]+)$")
+# The router's own venv (plan.router_venv_name): router-<package>-<version>.
+_ROUTER_VENV_RE = re.compile(r"^router-(?P<package>smg|sglang-router)-(?P<version>[^/]+)$")
+_ROUTER_PART_RE = re.compile(r"-(?:router-[^-/]+|smg-[^-/]+)-mooncake-")
 # systemctl show -p ExecStart --value: "{ path=<venv>/bin/python ; argv[]=... }"
 _EXEC_VENV_RE = re.compile(r"path=(/[^ ;]+)/bin/python[0-9.]* ")
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}$")
@@ -43,6 +46,9 @@ def release_of_venv(venv: str, target: dict[str, Any]) -> dict[str, Any]:
     upgrade playbook has no record: its units name its venv). Versions the name does not
     carry (SGLang's for the stand-in, the other router package's) are the target's."""
     name = venv.rstrip("/").rsplit("/", 1)[-1]
+    r = _ROUTER_VENV_RE.match(name)
+    if r:
+        return _release_of_router_venv(r["package"], r["version"], target)
     m = _RELEASE_RE.match(name)
     if not m:
         raise UpgradeError(f"release venv {venv!r}: not a pdnode release directory name; fix: deploy the node "
@@ -56,6 +62,18 @@ def release_of_venv(venv: str, target: dict[str, Any]) -> dict[str, Any]:
         versions.update(pdnode_router_package="sglang-router", pdnode_sglang_router_version=m["router"])
     versions.update(pdnode_mooncake_version=m["mooncake"], pdnode_mooncake_cuda13_version=m["cu13"])
     return {"versions": versions, "venv": venv.rstrip("/")}
+
+
+def _release_of_router_venv(package: str, version: str, target: dict[str, Any]) -> dict[str, Any]:
+    """A host that runs only the router names no release in its unit (the router runs from
+    its own venv, router-<package>-<version>): its release is the target's with that
+    router (the host's release venv serves only the verifier and the drain there)."""
+    versions = {k: target["versions"][k] for k in VERSION_KEYS}
+    versions["pdnode_router_package"] = package
+    versions["pdnode_smg_version" if package == "smg" else "pdnode_sglang_router_version"] = version
+    part = f"-smg-{version}-mooncake-" if package == "smg" else f"-router-{version}-mooncake-"
+    head, _, name = target["venv"].rstrip("/").rpartition("/")
+    return {"versions": versions, "venv": f"{head}/{_ROUTER_PART_RE.sub(part, name, count=1)}"}
 
 
 def _check_release(rel: Any, what: str) -> dict[str, Any]:
@@ -73,6 +91,8 @@ def decide(record: dict[str, Any] | None, unit_venv: str, target: dict[str, Any]
     to = _check_release(target, "target")
     m = _EXEC_VENV_RE.search(unit_venv)
     running = m[1] if m else (unit_venv.rstrip("/") if unit_venv.startswith("/") else "")
+    if record and _ROUTER_VENV_RE.match(running.rsplit("/", 1)[-1]):
+        running = ""  # a router-only host: its router's venv names no release; the record does
     if record:
         if record.get("schema") != RECORD_SCHEMA:
             raise UpgradeError(f"release record schema {record.get('schema')!r}: expected {RECORD_SCHEMA!r}; "

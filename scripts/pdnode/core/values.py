@@ -398,6 +398,7 @@ ROLE_RULES: dict[str, RoleRule] = {
                                     "write e.g. aiohttp or prometheus-client==0.21.1", "each"),
     "sglang_sim_system_packages": RoleRule(_DEB_RE, *_DEB_RULE, "each"),
     "sglang_venv": RoleRule("", *_HOST_DIR_RULE, "host_dir"),
+    "sglang_router_venv": RoleRule("", *_HOST_DIR_RULE, "host_dir"),
     "sglang_install_root": RoleRule("", *_HOST_DIR_RULE, "host_dir"),
     "sglang_version": RoleRule(_VERSION_RE, "must be a release number such as 0.5.23", "write the release as the "
                                "package index lists it"),

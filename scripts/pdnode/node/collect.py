@@ -357,6 +357,8 @@ def targets(plan: dict[str, Any]) -> dict[str, Any]:
         "key_files": [p for p in (install.get("api_key_path"), install.get("admin_key_path")) if p],
         "admin_key_path": install.get("admin_key_path"),
         "venv": install.get("venv"),
+        # the router runs from a venv of its own (only where the router runs on this host)
+        "router_venv": install.get("router_venv") if "router" in (plan.get("services") or {}) else None,
         "root": install.get("root"),
         "metrics": metrics,
         "workers": workers,
@@ -656,7 +658,8 @@ def collect_host(plan: dict[str, Any], host: str, root: Path, *, deadline_s: flo
     elif venv:
         b.skip("release/pip-freeze.txt", f"the release's virtualenv {venv} has no bin/python")
     if t["root"]:
-        b.add("release/releases.json", (json.dumps(_releases(t["root"], venv), indent=2) + "\n").encode(),
+        b.add("release/releases.json",
+              (json.dumps(_releases(t["root"], venv, t.get("router_venv")), indent=2) + "\n").encode(),
               {"command": ["listdir", os.path.join(t["root"], "venvs")]})
     return b.manifest(plan.get("host"))
 
@@ -673,7 +676,7 @@ def _rlimits() -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def _releases(root: str, venv: str | None) -> dict[str, Any]:
+def _releases(root: str, venv: str | None, router_venv: str | None = None) -> dict[str, Any]:
     base = os.path.join(root, "venvs")
     try:
         names = sorted(os.listdir(base))
@@ -683,11 +686,11 @@ def _releases(root: str, venv: str | None) -> dict[str, Any]:
     for name in names:
         path = os.path.join(base, name)
         rec = stat_record(path)
-        rec["in_plan"] = path == venv
+        rec["in_plan"] = path in (venv, router_venv)
         if os.path.islink(path):
             rec["link_to"] = os.readlink(path)
         out.append(rec)
-    return {"venvs_dir": base, "plan_venv": venv, "entries": out}
+    return {"venvs_dir": base, "plan_venv": venv, "plan_router_venv": router_venv, "entries": out}
 
 
 def _tar_dir(src: Path, prefix: str, dest: Path) -> None:

@@ -2,7 +2,7 @@
 
     python -m pdnode.node.drain out        < spec.json   # remove from the router, wait until idle
     python -m pdnode.node.drain in         < spec.json   # add back (the engine is ready)
-    python -m pdnode.node.drain reconcile  < spec.json   # add every planned worker the router lacks
+    python -m pdnode.node.drain reconcile  < spec.json   # the router's list to the plan's (out, then in)
     python -m pdnode.node.drain out-unplanned < spec.json  # `out` for every worker the plan lacks
     python -m pdnode.node.drain hold UNIT SECONDS       # until UNIT has been stopped SECONDS
 
@@ -24,9 +24,13 @@ Bounded by timeout_s (the plan's pdnode_drain_timeout_s): past it the stop goes 
 and the line says how many requests were still there.
 `in`: `POST /workers` with the worker's URL, type, bootstrap port and the engines' API
 key (the same body for both router packages; measured), awaited until listed healthy.
-`reconcile`: the router's list against the plan: a planned worker it lacks is added when
-its engine answers /health (an interrupted drain left it out); a worker it lists that the
-plan lacks is named. Exit 0 unless the router refused a call or a wait ran out.
+`reconcile`: the router's list made the plan's: a worker it lists that the plan lacks is
+taken out as `out-unplanned` does (a layout change; a run interrupted after it stopped an
+instance), then a planned worker it lacks is added when its engine answers /health (a new
+instance; an interrupted drain left it out). This is how a layout change reaches the
+running router: its restart decision ignores the worker list (docs/decisions.md, "The
+router's worker list changes without a restart"). Exit 0 unless the router refused a
+call or a wait ran out.
 
 Every line of output says what happened to which instance and when (UTC), and how long
 it took; the last line is one JSON object for the caller (`{"changed": ..., ...}`).
@@ -185,6 +189,21 @@ def take_out(router: Router, workers: list[dict[str, Any]], deadline: float) -> 
     return [w["id"] for w in workers if w["id"] in removed]
 
 
+def take_out_unplanned(router: Router, planned: list[dict[str, Any]], api_key: str | None,
+                       deadline: float) -> list[str]:
+    """Take every worker the router lists that PLANNED lacks out, and wait until what it
+    holds is done (an engine that no longer runs holds nothing); their URLs."""
+    urls = {w["url"] for w in planned}
+    gone = [{"id": w.get("url", "?"), "role": w.get("worker_type", "?"), "url": w.get("url", "")}
+            for w in router.workers() or [] if w.get("url") not in urls]
+    for w in gone:
+        log(f"the router lists {w['url']}, which the plan does not have: taking it out")
+    removed = take_out(router, gone, deadline)
+    for w in gone:
+        wait_idle(w, api_key, deadline)
+    return removed
+
+
 def wait_idle(worker: dict[str, Any], api_key: str | None, deadline: float) -> None:
     """Wait until the engine's busy gauges read 0 twice in a row, or the deadline."""
     t0 = time.monotonic()
@@ -263,19 +282,15 @@ def run(command: str, spec: dict[str, Any]) -> dict[str, Any]:
         for w in workers:
             wait_idle(w, api_key, deadline)
     elif command == "out-unplanned":
-        planned = {w["url"] for w in workers}
-        gone = [{"id": w.get("url", "?"), "role": w.get("worker_type", "?"), "url": w.get("url", "")}
-                for w in router.workers() or [] if w.get("url") not in planned]
-        result["removed"] = take_out(router, gone, deadline)
-        for w in gone:
-            wait_idle(w, api_key, deadline)
+        result["removed"] = take_out_unplanned(router, workers, api_key, deadline)
     elif command == "in":
         for w in workers:
             if put_back(router, w, api_key, deadline):
                 result["added"].append(w["id"])
     else:
+        result["removed"] = take_out_unplanned(router, workers, api_key, deadline)
+        result["unplanned"] = result["removed"]
         urls = {w.get("url") for w in router.workers() or []}
-        planned = {w["url"] for w in workers}
         for w in workers:
             if w["url"] in urls:
                 continue
@@ -287,9 +302,6 @@ def run(command: str, spec: dict[str, Any]) -> dict[str, Any]:
             else:
                 log(f"{w['id']} is planned but not in the router's list, and its engine is not ready: left out")
                 result["missing"].append(w["id"])
-        result["unplanned"] = sorted(u for u in urls if u not in planned)
-        for u in result["unplanned"]:
-            log(f"the router lists {u}, which the plan does not have")
     result["changed"] = bool(result["removed"] or result["added"])
     result["seconds"] = round(time.monotonic() - t0, 1)
     return result
