@@ -610,7 +610,7 @@ def _check_one(path: str, key: str | None, sgl: _SGLang) -> tuple[int, str]:
     if affected:
         return cannot(
             f"the launcher's flag tables do not match SGLang {sgl.version} for "
-            f"{', '.join(affected)}; update pdnode/launcher.py"
+            f"{', '.join(affected)}; update pdnode/node/launcher.py"
         )
 
     if "device" not in serverargs:
