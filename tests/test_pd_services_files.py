@@ -226,6 +226,24 @@ def test_a_restart_lost_to_an_interrupted_run_is_found(tmp_path):
     assert run({**args, "files": _service_files(tmp_path, '{"x": 1}')})["restart_roles"] == ["prefill", "router"]
 
 
+def test_a_files_digest_stands_for_it_in_the_restart_decision(tmp_path):
+    """The router's JSON is written whole, but its worker list (which reaches the running
+    router through its admin API) is not part of its digest: a new list alone restarts
+    nothing; any other change does."""
+    applied = tmp_path / "applied"
+
+    def files(workers, policy):
+        content = json.dumps({"policy": policy, "prefill": workers})
+        return [fspec(tmp_path / "r.json", content, roles=["router"], digest=json.dumps({"policy": policy}))]
+
+    run({"files": files(["a"], "p2"), "applied_dir": str(applied)})
+    run({"files": files(["a"], "p2"), "applied_dir": str(applied), "record": ["router"]})
+    moved = run({"files": files(["a", "b"], "p2"), "applied_dir": str(applied)})
+    assert moved["changed_paths"] == [str(tmp_path / "r.json")] and moved["restart_roles"] == []
+    assert json.loads((tmp_path / "r.json").read_text())["prefill"] == ["a", "b"]
+    assert run({"files": files(["a", "b"], "rr"), "applied_dir": str(applied)})["restart_roles"] == ["router"]
+
+
 def test_check_mode_counts_the_file_it_would_write(tmp_path):
     applied = tmp_path / "applied"
     args = {"files": _service_files(tmp_path), "applied_dir": str(applied)}

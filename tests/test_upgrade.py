@@ -230,6 +230,22 @@ def test_decide_reads_the_venv_from_the_router_units_execstart():
         upgrade.decide(None, "{ path=/usr/bin/true ; argv[]=true }", NEW)
 
 
+def test_a_router_only_host_names_its_release_by_its_record_or_its_router():
+    """The three-host cluster's router host runs only the router, from its own venv
+    (router-<package>-<version>), which names no release: the record does; without one,
+    the target's versions with the router the unit runs."""
+    router_exec = ("{ path=/opt/sglang-pd/venvs/router-sglang-router-0.3.2/bin/python ; argv[]=... -m "
+                   "pdnode.node.router_launch /etc/sglang-pd/router.json ; pid=0 }")
+    d = upgrade.decide(None, router_exec, NEW)
+    assert d["from"] == {"versions": versions(pdnode_router_package="sglang-router"), "venv": OLD_VENV}
+    # the same router as the target's: from and to are one release (nothing to switch there)
+    same = upgrade.decide(None, "/opt/sglang-pd/venvs/router-smg-1.13.0", NEW)
+    assert same["from"] == NEW
+    # with a record, the record says what serves (the router's venv is not a release)
+    record = upgrade.finish(upgrade.decide(None, OLD_VENV, NEW)["record"], OLD, NEW, "upgraded")
+    assert upgrade.decide(record, router_exec, NEW)["from"] == NEW
+
+
 def test_interrupted_upgrade_rerun_starts_from_the_last_verified_release():
     # An interrupted run left the record saying it switched to NEW; the units may already
     # name NEW. The re-run's rollback target is still OLD, never the half-switched NEW.
