@@ -22,6 +22,7 @@ from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_RO
 from .instances import Instance
 from ..node.router_launch import router_argv
 from .ports import allocate
+from .plan_schema import SCHEMA_ID
 
 MODEL_KINDS = ("moe_mla", "moe", "dense")
 ENGINES = ("sglang", "sim")
@@ -95,7 +96,7 @@ class Plan:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "host": self.host, "install": self.install, "services": self.services,
+            "schema": SCHEMA_ID, "host": self.host, "install": self.install, "services": self.services,
             "router_argv": self.router_argv() if "router" in self.services else [], "ports": self.ports,
             "settings": self.settings, "cluster": self.cluster, "firewall": self.firewall,
             "warnings": [str(w) for w in self.warnings],

@@ -1,0 +1,184 @@
+"""pdnode.plan/1: the shape of the plan every consumer reads.
+
+`Plan.as_dict()` is the contract between the controller and everything downstream: the
+roles (through the ``pdnode_plan`` filter), the verifier, collect, the bench counters,
+the upgrade, the runbooks and the monitoring rules. These records say what it holds; the
+JSON Schema in ``data/pdnode.plan-1.schema.json`` is exported from them
+(``python -m pdnode.core.plan_schema --write``; tests/test_plan_schema.py keeps it fresh
+and validates the plan of every example inventory against it with the jsonschema
+package). A change of shape that breaks a reader is a new version, ``pdnode.plan/2``.
+
+Standard-library typing only: the export asks pydantic (a development dependency) to turn
+these records into JSON Schema, so the runtime needs neither.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal, NotRequired, TypedDict
+
+from .fields import FIELDS
+
+SCHEMA_ID = "pdnode.plan/1"
+SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "pdnode.plan-1.schema.json"
+
+Role = Literal["prefill", "decode", "router"]
+KvPath = Literal["nvlink", "rdma", "tcp"]
+
+
+class Install(TypedDict):
+    """Where the release lives on the host and what it runs as."""
+    user: str
+    root: str
+    venv: str
+    python: str
+    config_dir: str
+    prefix: str
+    target: str
+    engine: Literal["sglang", "sim"]
+    router_package: Literal["smg", "sglang-router"]
+    router_requirement: str
+    admin_key_path: str
+    api_key_path: str
+    kv_check_tool: str
+
+
+class Service(TypedDict):
+    """One systemd service of this host: an engine instance or the router."""
+    id: str
+    name: str
+    role: Role
+    host: str
+    unit: str
+    url: str
+    config: str  # its JSON (ServerArgs or the router's arguments)
+    env_file: str
+    args: dict[str, Any]  # argument names as SGLang / the router package spell them
+    environment: dict[str, str]
+    exec: list[str]  # the argv systemd runs
+    ready: list[str]  # URLs its readiness gate waits for
+    gpus: list[int]
+    upholds: list[str]
+    bound_to: str | None  # the unit this one restarts with (docs/decisions.md)
+    restart_delay_s: int | None
+    bootstrap_port: NotRequired[int]  # prefill only
+    metrics_url: NotRequired[str]  # router only
+
+
+class ClusterEngine(TypedDict):
+    id: str
+    role: Literal["prefill", "decode"]
+    unit: str
+    url: str
+    address: str
+    hosts: list[str]
+    bootstrap_port: NotRequired[int]
+
+
+class ClusterHost(TypedDict):
+    address: str
+    services: list[str]
+
+
+class ClusterRouter(TypedDict):
+    host: str
+    url: str
+
+
+class KvCheck(TypedDict):
+    """One Mooncake transfer check the verifier runs (a distinct GPU pair)."""
+    pair: str
+    src_gpu: int
+    dst_gpu: int
+    args: list[str]
+
+
+class Kv(TypedDict):
+    """How KV moves from prefill to decode, and what it costs (docs/kv-path.md)."""
+    backend: str
+    path: KvPath
+    why: str
+    gb_s: float
+    source: str
+    floor_gb_s: float
+    floor_source: str
+    floor_from_path: bool
+    prompt_tokens: int
+    bytes_per_token: int | None
+    bytes_source: str
+    handoff_s: float | None
+    checks: list[KvCheck]
+
+
+class Cluster(TypedDict):
+    """Every host of the layout and every engine on it; on one host, this host."""
+    multi_host: bool
+    hosts: dict[str, ClusterHost]
+    engines: dict[str, ClusterEngine]
+    router: ClusterRouter
+    kv: Kv
+
+
+class Firewall(TypedDict):
+    enabled: bool
+    peers: list[str]
+    tcp_ports: list[int]
+    tcp_port_ranges: list[list[int]]
+    public_tcp_ports: list[int]
+
+
+# The settings are the validated pdnode_* values with defaults filled in: their types are
+# the field table's (pdnode.core.fields), not a second list.
+_KIND_TYPES: dict[str, Any] = {
+    "int": int, "float": float, "str": str, "bool": bool, "int_list": list[int], "str_list": list[str],
+    "dict": dict[str, Any], "str_or_none": str | None, "int_or_none": int | None, "float_or_none": float | None,
+    "instance_list": list[dict[str, Any]],
+}
+Settings = TypedDict("Settings", {f.name: _KIND_TYPES[f.kind] for f in FIELDS})  # type: ignore[misc]
+
+
+class PlanDoc(TypedDict):
+    """One host's plan, as every consumer reads it."""
+    schema: Literal["pdnode.plan/1"]
+    host: str
+    install: Install
+    services: dict[str, Service]  # this host's services, in start order
+    router_argv: list[str]
+    ports: dict[str, int]  # "<service>.<what>" -> port
+    settings: Settings
+    cluster: Cluster
+    firewall: Firewall
+    warnings: list[str]
+
+
+def export() -> dict[str, Any]:
+    """The JSON Schema of PlanDoc. Every record is closed (additionalProperties false): a
+    key added to the plan without a type here fails the schema test."""
+    from pydantic import TypeAdapter  # development dependency: only the export needs it
+
+    schema = TypeAdapter(PlanDoc).json_schema()
+    for record in schema.get("$defs", {}).values():
+        if "properties" in record:
+            record["additionalProperties"] = False
+    schema["additionalProperties"] = False
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID, **schema}
+
+
+def render() -> str:
+    return json.dumps(export(), indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--write"]:
+        SCHEMA_FILE.write_text(render())
+        print(f"wrote {SCHEMA_FILE.name}")
+        return 0
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
