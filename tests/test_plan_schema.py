@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import json
 from pathlib import Path
 
@@ -103,3 +105,21 @@ def test_a_broken_plan_is_refused(gpu01_doc, name):
 def test_the_schema_file_is_package_data():
     assert SCHEMA_FILE.parent.name == "data" and SCHEMA_FILE.parent.parent.name == "pdnode"
     assert Path(SCHEMA_FILE).is_file()
+
+
+def _read_plan_on_host(tmp_path: Path, doc: dict, program: str) -> subprocess.CompletedProcess:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    return subprocess.run([sys.executable, "-m", program, "--plan", str(plan)], check=False, capture_output=True,
+                          text=True, timeout=60, env={"PYTHONPATH": str(INVENTORIES.parent / "scripts"), "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("program", ["pdnode.verify", "pdnode.node.bench_counters"])
+@pytest.mark.parametrize(("schema", "said"), [(None, "unversioned"), ("pdnode.plan/2", "pdnode.plan/2")])
+def test_the_host_readers_refuse_a_plan_of_another_version(tmp_path, gpu01_doc, program, schema, said):
+    doc = copy.deepcopy(gpu01_doc)
+    doc.pop("schema") if schema is None else doc.update(schema=schema)
+    proc = _read_plan_on_host(tmp_path, doc, program)
+    assert proc.returncode == 2, proc.stderr
+    assert said in proc.stderr and "reads pdnode.plan/1" in proc.stderr and "pdnode render" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout.count("\n") <= 1

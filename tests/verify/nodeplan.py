@@ -19,6 +19,7 @@ import yaml
 
 from pdnode.core.fields import FIELDS
 from pdnode.core.plan import build_plan
+from pdnode.core.plan_schema import SCHEMA_ID
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,6 +108,7 @@ def contract_plan(router_port: int = 1, *, prefills: int = 1, decodes: int = 1, 
                  "prefill": [[s["url"], s["bootstrap_port"]] for s in services.values() if s["role"] == "prefill"],
                  "decode": [s["url"] for s in services.values() if s["role"] == "decode"]}}
     return {
+        "schema": SCHEMA_ID,
         "host": "test",
         "install": {"config_dir": "/etc/x", "prefix": "x", "target": "x.target", "api_key_path": "/etc/x/api-key",
                     "admin_key_path": "/etc/x/router-admin-key"},

@@ -21,7 +21,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 from .fields import FIELDS
 
-SCHEMA_ID = "pdnode.plan/1"
+from ..node.plan_file import SCHEMA_ID  # one definition: the host readers check it
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "pdnode.plan-1.schema.json"
 
 Role = Literal["prefill", "decode", "router"]
@@ -31,12 +31,18 @@ KvPath = Literal["nvlink", "rdma", "tcp"]
 class Install(TypedDict):
     """Where the release lives on the host and what it runs as."""
     user: str
+    home: str  # the service user's home
     root: str
-    venv: str
+    venv: str  # the engines' release venv
     python: str
+    router_venv: str  # the router's own venv: a release that keeps the router keeps its process
+    router_python: str
     config_dir: str
     prefix: str
     target: str
+    state_directory: str  # systemd StateDirectory= of every unit
+    applied_dir: str  # digests of what the running services were started with
+    cuda_major: int  # the CUDA major of the driver branch (Mooncake's build follows it)
     engine: Literal["sglang", "sim"]
     router_package: Literal["smg", "sglang-router"]
     router_requirement: str
@@ -65,6 +71,7 @@ class Service(TypedDict):
     restart_delay_s: int | None
     bootstrap_port: NotRequired[int]  # prefill only
     metrics_url: NotRequired[str]  # router only
+    live_args: NotRequired[list[str]]  # router only: args changed through its admin API, not a restart
 
 
 class ClusterEngine(TypedDict):

@@ -26,6 +26,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .plan_file import PlanFileError, read_plan
+
 SCHEMA = "pdnode.bench_counters/2"
 COUNTERS = ("sglang:num_requests_total", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
             # the prefill's KV hand-offs (histograms: their _sum and _count are counters)
@@ -76,15 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per engine")
     args = p.parse_args(argv)
     try:
-        if args.plan == "-":
-            plan = json.load(sys.stdin)
-        else:
-            with open(args.plan, encoding="utf-8") as fh:
-                plan = json.load(fh)
-        if not isinstance(plan, dict):
-            raise ValueError("not a JSON object")
-        report = snapshot(plan, args.timeout)
-    except (OSError, ValueError, KeyError) as exc:
+        report = snapshot(read_plan(args.plan), args.timeout)
+    except PlanFileError as exc:
+        print(f"pdnode.bench_counters: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError) as exc:
         print(f"pdnode.bench_counters: cannot use the plan {args.plan}: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(report, sort_keys=True))

@@ -20,6 +20,7 @@ from typing import Any
 from collections.abc import Mapping, Sequence
 
 from ..core.exits import EXIT_CANNOT_RUN
+from ..node.plan_file import PlanFileError, read_plan
 from . import SCHEMA
 
 EPILOG = """\
@@ -145,14 +146,6 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_verify)
 
 
-def read_plan(path: str) -> Any:
-    """The JSON of the plan file PATH, or of standard input for `-` (OSError, ValueError)."""
-    if path == "-":
-        return json.load(sys.stdin)
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
-
-
 def main_plan(argv: Sequence[str] | None = None) -> int:
     """python -m pdnode.verify --plan PLAN.json: no inventory parsing (runs on the host)."""
     p = argparse.ArgumentParser(prog="python -m pdnode.verify", description="Verify a deployed PD node.",
@@ -163,10 +156,6 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         plan = read_plan(args.plan)
-    except OSError as exc:
-        return _cannot_run(args, f"cannot read the plan {args.plan}: {exc.strerror}")
-    except ValueError as exc:
-        return _cannot_run(args, f"the plan {args.plan} is not JSON: {exc}")
-    if not isinstance(plan, dict):
-        return _cannot_run(args, f"the plan {args.plan} is not a JSON object")
+    except PlanFileError as exc:
+        return _cannot_run(args, str(exc))
     return run_with_plan(plan, args, on_node=True)  # the node's entry point
