@@ -246,6 +246,11 @@ def test_counters_module_refuses_an_old_plan_with_one_line(capsys: pytest.Captur
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps({"prefill": {}, "decode": {}})))
     assert bench_counters.main(["--plan", "-"]) == 2
     err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unversioned" in err and "pdnode.plan/1" in err
+    # the version right, the shape not: still one line
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps({"schema": "pdnode.plan/1", "prefill": {}})))
+    assert bench_counters.main(["--plan", "-"]) == 2
+    err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no services" in err
 
 

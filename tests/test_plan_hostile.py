@@ -21,6 +21,7 @@ from planvars import changed
 
 from pdnode.core import argtable
 from pdnode.core.plan import PlanError, build_plan
+from pdnode.node import releases
 
 ROOT = Path(__file__).resolve().parents[1]
 # root's ~/.ssh as the OS names it (a hostile place for the deploy to chown)
@@ -600,7 +601,11 @@ ROLE_CASES = {
          "packages_option": {"rdma_packages": ["rdma-core", "--allow-unauthenticated"]}}),
     # issue 17, section 5: pip's virtualenv_command, pip and apt names, paths root writes
     "sglang": (
-        {"sglang_python": "/usr/bin/python3.11", "sglang_sim_packages": ["aiohttp"]},
+        # the release's values are required (the playbooks pass the plan's): the good ones here
+        {"sglang_python": "/usr/bin/python3.11", "sglang_sim_packages": ["aiohttp"],
+         "sglang_venv": "/opt/sglang-pd/venvs/test-release", "sglang_router_venv": "/opt/sglang-pd/venvs/test-router",
+         "sglang_version": releases.SGLANG, "sglang_router_requirement": f"smg=={releases.SMG}",
+         "sglang_mooncake_version": releases.MOONCAKE},
         {"python_shell": {"sglang_python": "sh -c 'touch /tmp/pwned' x"},
          "python_option": {"sglang_python": "python3 -I"},
          "sim_package_option": {"sglang_sim_packages": ["aiohttp", "--index-url=http://mirror.invalid/simple"]},

@@ -1,41 +1,33 @@
-"""Every release the bundle installs has one source: the defaults in scripts/pdnode/core/fields.py.
+"""Every release the bundle installs has one definition: pdnode.node.releases.
 
-Every other place that names a version (role defaults and argument_specs, pyproject's
-test pins, mooncake_select, the launcher, the argument tables, the conformance
-environment, the stand-in, the example inventories) must say the same; this test names
-the place that drifted.
+The Python that needs a version imports it (the fields' defaults, the launcher, the
+stand-in, the Mooncake build choice, the argument tables' names); the sglang role has no
+version default (the playbooks pass the plan's). What cannot import it must say the
+same, and this test names the place that drifted: pyproject's toolchain pins, the
+conformance environment, the mooncake role's documented default, the example
+inventories' pins. No other file of the roles or playbooks may name a release.
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
+from importlib import resources
 from pathlib import Path
 
 import pytest
 import yaml
 
-from pdnode.core import argtable, mooncake_select
-from pdnode.node import launcher
+from pdnode.core import argtable
 from pdnode.core.fields import BY_NAME
-from pdnode.standin import VERSION as STANDIN_VERSION
+from pdnode.node import releases
 
 ROOT = Path(__file__).resolve().parents[1]
-SGLANG = BY_NAME["pdnode_sglang_version"].default
-ROUTER = BY_NAME["pdnode_sglang_router_version"].default
-MOONCAKE = BY_NAME["pdnode_mooncake_version"].default
-SMG = BY_NAME["pdnode_smg_version"].default
-MOONCAKE_CU13 = BY_NAME["pdnode_mooncake_cuda13_version"].default
-PACKAGE = BY_NAME["pdnode_router_package"].default
-ROUTER_REQUIREMENT = f"{PACKAGE}=={SMG if PACKAGE == 'smg' else ROUTER}"
+MOONCAKE_BUILDS = {"non-cuda": releases.MOONCAKE, "cuda12": releases.MOONCAKE, "cuda13": releases.MOONCAKE_CUDA13}
 
 
 def _yaml(rel: str):
     return yaml.safe_load((ROOT / rel).read_text())
-
-
-def _spec_default(role: str, option: str):
-    return _yaml(f"roles/{role}/meta/argument_specs.yml")["argument_specs"]["main"]["options"][option].get("default")
 
 
 def _pins() -> dict[str, str]:
@@ -50,36 +42,57 @@ def _conformance_pin(name: str) -> str:
     return m.group(1)
 
 
-PLACES = [
-    pytest.param(lambda: _yaml("roles/sglang/defaults/main.yml")["sglang_version"], SGLANG, id="sglang role default"),
-    pytest.param(lambda: _spec_default("sglang", "sglang_version"), SGLANG, id="sglang argument_specs"),
-    pytest.param(lambda: _yaml("roles/sglang/defaults/main.yml")["sglang_router_requirement"], ROUTER_REQUIREMENT,
-                 id="router role default"),
-    pytest.param(lambda: _spec_default("sglang", "sglang_router_requirement"), ROUTER_REQUIREMENT,
-                 id="router argument_specs"),
-    pytest.param(lambda: _pins()["smg"], SMG, id="pyproject smg pin"),
-    pytest.param(lambda: argtable.SMG_TABLE, f"data/routerargs-smg-{SMG}.json", id="smg argument table"),
-    pytest.param(lambda: _yaml("roles/sglang/defaults/main.yml")["sglang_mooncake_version"], MOONCAKE,
-                 id="mooncake in the sglang role"),
-    pytest.param(lambda: _spec_default("sglang", "sglang_mooncake_version"), MOONCAKE,
-                 id="mooncake in sglang argument_specs"),
-    pytest.param(lambda: _yaml("roles/mooncake/defaults/main.yml")["mooncake_versions"],
-                 {"non-cuda": MOONCAKE, "cuda12": MOONCAKE, "cuda13": MOONCAKE_CU13}, id="mooncake role default"),
-    pytest.param(lambda: mooncake_select.DEFAULT_VERSIONS,
-                 {"non-cuda": MOONCAKE, "cuda12": MOONCAKE, "cuda13": MOONCAKE_CU13}, id="mooncake_select"),
-    pytest.param(lambda: _pins()["sglang-router"], ROUTER, id="pyproject router pin"),
-    pytest.param(lambda: _pins()["mooncake-transfer-engine-non-cuda"], MOONCAKE, id="pyproject mooncake pin"),
-    pytest.param(lambda: _conformance_pin("sglang"), SGLANG, id="conformance env"),
-    pytest.param(lambda: launcher.SGLANG_VERSION, SGLANG, id="launcher"),
-    pytest.param(lambda: argtable.SGLANG_TABLE, f"data/serverargs-{SGLANG}.json", id="ServerArgs table"),
-    pytest.param(lambda: argtable.ROUTER_TABLE, f"data/routerargs-{ROUTER}.json", id="router argument table"),
-    pytest.param(lambda: STANDIN_VERSION, f"{SGLANG}-standin", id="stand-in"),
+COPIES = [
+    pytest.param(lambda: _pins()["smg"], releases.SMG, id="pyproject smg pin"),
+    pytest.param(lambda: _pins()["sglang-router"], releases.SGLANG_ROUTER, id="pyproject router pin"),
+    pytest.param(lambda: _pins()["mooncake-transfer-engine-non-cuda"], releases.MOONCAKE, id="pyproject mooncake pin"),
+    pytest.param(lambda: _conformance_pin("sglang"), releases.SGLANG, id="conformance env"),
+    pytest.param(lambda: _yaml("roles/mooncake/defaults/main.yml")["mooncake_versions"], MOONCAKE_BUILDS,
+                 id="mooncake role default"),
+    pytest.param(lambda: _yaml("roles/mooncake/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
+                 ["mooncake_versions"]["default"], MOONCAKE_BUILDS, id="mooncake argument_specs"),
 ]
 
 
-@pytest.mark.parametrize(("read", "want"), PLACES)
-def test_every_place_names_the_fields_default(read, want):
+@pytest.mark.parametrize(("read", "want"), COPIES)
+def test_every_copy_that_cannot_import_says_the_same(read, want):
     assert read() == want
+
+
+def test_the_fields_defaults_are_the_releases():
+    assert {name: BY_NAME[name].default for name in (
+        "pdnode_sglang_version", "pdnode_sglang_router_version", "pdnode_smg_version", "pdnode_mooncake_version",
+        "pdnode_mooncake_cuda13_version", "pdnode_router_package")} == {
+        "pdnode_sglang_version": releases.SGLANG, "pdnode_sglang_router_version": releases.SGLANG_ROUTER,
+        "pdnode_smg_version": releases.SMG, "pdnode_mooncake_version": releases.MOONCAKE,
+        "pdnode_mooncake_cuda13_version": releases.MOONCAKE_CUDA13, "pdnode_router_package": releases.ROUTER_PACKAGE}
+
+
+@pytest.mark.parametrize("table", [argtable.SGLANG_TABLE, argtable.ROUTER_TABLE, argtable.SMG_TABLE,
+                                   f"data/serverargs-{releases.SGLANG}.txt"])
+def test_the_releases_argument_tables_exist(table):
+    assert resources.files("pdnode").joinpath(table).is_file(), f"{table}: generate it (pdnode.core.argtable)"
+
+
+# Where a release may still be written down: the copies above, and the mooncake scenario,
+# which checks the build the role chose for a driverless host.
+ALLOWED = {"roles/mooncake/defaults/main.yml", "roles/mooncake/meta/argument_specs.yml",
+           "molecule/mooncake/converge.yml"}
+
+
+def test_no_role_or_playbook_writes_a_release_down():
+    release = re.compile("|".join(re.escape(v) for v in sorted(
+        {releases.SGLANG, releases.SGLANG_ROUTER, releases.SMG, releases.MOONCAKE, releases.MOONCAKE_CUDA13})))
+    found = []
+    for top in ("roles", "playbooks", "site.yml", "templates"):
+        for path in sorted((ROOT / top).rglob("*") if (ROOT / top).is_dir() else [ROOT / top]):
+            rel = str(path.relative_to(ROOT))
+            if path.suffix not in (".yml", ".yaml", ".j2") or rel in ALLOWED:
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if release.search(line) and not line.lstrip().startswith("#"):
+                    found.append(f"{rel}:{n}: {line.strip()}")
+    assert found == [], "a release written down outside pdnode.node.releases:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("inventory", sorted(p.parent.parent.parent.name for p in

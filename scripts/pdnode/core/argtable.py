@@ -27,9 +27,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-SGLANG_TABLE = "data/serverargs-0.5.23.json"
-ROUTER_TABLE = "data/routerargs-0.3.2.json"
-SMG_TABLE = "data/routerargs-smg-1.13.0.json"
+from ..node import releases
+
+SGLANG_TABLE = f"data/serverargs-{releases.SGLANG}.json"
+ROUTER_TABLE = f"data/routerargs-{releases.SGLANG_ROUTER}.json"
+SMG_TABLE = f"data/routerargs-smg-{releases.SMG}.json"
 # Argument table of each router package the launcher can start (pdnode.node.router_launch).
 ROUTER_TABLES = {"sglang-router": ROUTER_TABLE, "smg": SMG_TABLE}
 

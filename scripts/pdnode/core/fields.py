@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..node import releases
+
 REQUIRED = object()  # marker: the inventory must set it
 
 
@@ -91,7 +93,7 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_router_circuit_open_s", "int", 5,
        "seconds a tripped circuit breaker stays open (router default 60: one prefill and one "
        "decode have no other worker to fail over to, so a long open circuit only prolongs an outage)"),
-    _F("pdnode_router_package", "str", "smg",
+    _F("pdnode_router_package", "str", releases.ROUTER_PACKAGE,
        "smg (the maintained successor of sglang-router; x86_64 only) | sglang-router (0.3.2, the last of its line; "
        "also on aarch64); docs/smg.md"),
     _F("pdnode_router_extra_args", "dict", {}, "more arguments of the router package (underscored names, types and choices of its parser; no secrets)"),
@@ -101,11 +103,11 @@ FIELDS: tuple[Field, ...] = (
     # Environment of the engines (SGLANG_*, MC_*, ...), common to prefill and decode
     _F("pdnode_engine_environment", "dict", {}, "extra environment for prefill and decode (names A-Z 0-9 _; values letters, digits, _ . , : / @ + = -)"),
     # Versions
-    _F("pdnode_sglang_version", "str", "0.5.23", "SGLang release installed on the host"),
-    _F("pdnode_sglang_router_version", "str", "0.3.2", "sglang-router release (pdnode_router_package sglang-router)"),
-    _F("pdnode_smg_version", "str", "1.13.0", "smg release (pdnode_router_package smg; x86_64 wheels only)"),
-    _F("pdnode_mooncake_version", "str", "0.3.13.post1", "Mooncake transfer engine release (CUDA 12 and non-CUDA builds)"),
-    _F("pdnode_mooncake_cuda13_version", "str", "0.3.14", "Mooncake CUDA 13 build release (its own release line)"),
+    _F("pdnode_sglang_version", "str", releases.SGLANG, "SGLang release installed on the host"),
+    _F("pdnode_sglang_router_version", "str", releases.SGLANG_ROUTER, "sglang-router release (pdnode_router_package sglang-router)"),
+    _F("pdnode_smg_version", "str", releases.SMG, "smg release (pdnode_router_package smg; x86_64 wheels only)"),
+    _F("pdnode_mooncake_version", "str", releases.MOONCAKE, "Mooncake transfer engine release (CUDA 12 and non-CUDA builds)"),
+    _F("pdnode_mooncake_cuda13_version", "str", releases.MOONCAKE_CUDA13, "Mooncake CUDA 13 build release (its own release line)"),
     # Verification
     _F("pdnode_verify_prompt_words", "int", 256, "length of the verification prompt"),
     _F("pdnode_verify_max_tokens", "int", 32, "tokens generated per verification request"),

@@ -12,12 +12,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..node import releases
+
 PACKAGES = {
     "cuda12": "mooncake-transfer-engine",
     "cuda13": "mooncake-transfer-engine-cuda13",
     "non-cuda": "mooncake-transfer-engine-non-cuda",
 }
-DEFAULT_VERSIONS = {"non-cuda": "0.3.13.post1", "cuda12": "0.3.13.post1", "cuda13": "0.3.14"}
+DEFAULT_VERSIONS = {"non-cuda": releases.MOONCAKE, "cuda12": releases.MOONCAKE, "cuda13": releases.MOONCAKE_CUDA13}
 
 
 # The first NVIDIA driver branch whose CUDA is 13 (525-575: CUDA 12). The one rule from

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..node import releases
 from . import argtable, cluster, disagg, guards, kv_path, mooncake_select, router_judge, values
 from . import instances as inst_rules
 from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
@@ -111,7 +112,7 @@ def _show(value: Any) -> str:
 
 
 def known_server_args() -> frozenset[str]:
-    text = resources.files("pdnode").joinpath("data/serverargs-0.5.23.txt").read_text()
+    text = resources.files("pdnode").joinpath(f"data/serverargs-{releases.SGLANG}.txt").read_text()
     return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
 

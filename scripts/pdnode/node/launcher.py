@@ -39,9 +39,10 @@ import sys
 import tempfile
 import traceback
 
+from . import releases
 from .secrets import SecretError, read_secret_file
 
-SGLANG_VERSION = "0.5.23"
+SGLANG_VERSION = releases.SGLANG
 
 # --- How SGLang 0.5.23's argparse spells values (from arg_groups/arg_utils.py and the
 # fields in arg_groups/fields/*.py). scripts/pdnode's conformance tests compare these

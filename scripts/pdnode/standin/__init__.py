@@ -93,6 +93,8 @@ characters, each other non-space character one token; chat messages are flattene
 fixed template before counting. Output tokens are whole words.
 """
 
+from ..node import releases
+
 __all__ = ["VERSION"]
 
-VERSION = "0.5.23-standin"
+VERSION = f"{releases.SGLANG}-standin"
