@@ -30,7 +30,7 @@ ROLE = ROOT / "roles/firewall"
 
 
 def _role_filters():
-    spec = importlib.util.spec_from_file_location("firewall_addresses", ROLE / "filter_plugins/firewall_addresses.py")
+    spec = importlib.util.spec_from_file_location("firewall_addresses", ROOT / "plugins/filter/firewall_addresses.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -45,10 +45,11 @@ def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROLE / "templates"), trim_blocks=True,  # noqa: S701
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters.update(CoreFilters().filters())
-    env.filters.update(ADDR.FilterModule().filters())
     project = importlib.util.module_from_spec(PDNODE_FILTERS)  # the project's filters (pdnode_exec_line)
     PDNODE_FILTERS.loader.exec_module(project)
-    env.filters.update(project.FilterModule().filters())
+    # the collection's filters, by the names the role's templates use (FQCN)
+    for name, fn in {**ADDR.FilterModule().filters(), **project.FilterModule().filters()}.items():
+        env.filters[f"pdnode.sglang_pd.{name}"] = fn
     env.tests.update(CoreTests().tests())
     return env
 
@@ -224,6 +225,6 @@ def test_playbook_feeds_the_plan():
     assert play["hosts"] == "all" and play["become"] is True and play["tags"] == ["firewall"]
     assert play["pre_tasks"][0]["ansible.builtin.import_tasks"] == "tasks/plan.yml"
     role = play["roles"][0]
-    assert role["role"] == "firewall"
+    assert role["role"] == "pdnode.sglang_pd.firewall"
     assert role["vars"] == {"firewall_plan": "{{ _pdnode_plan.firewall }}",
                             "firewall_prefix": "{{ _pdnode_plan.install.prefix }}"}

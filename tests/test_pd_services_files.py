@@ -1,4 +1,4 @@
-"""roles/pd_services/library/pd_services_files.py: all-or-nothing writes, validators without
+"""plugins/modules/pd_services_files.py (the pd_services role's module): all-or-nothing writes, validators without
 a shell, no secret in a diff, and the per-service digests that make up for a restart
 lost to an interrupted deploy. Runs the module in this process (no host needed).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULE = ROOT / "roles" / "pd_services" / "library" / "pd_services_files.py"
+MODULE = ROOT / "plugins" / "modules" / "pd_services_files.py"
 ADMIN_KEY = ROOT / "roles" / "pd_services" / "files" / "admin_key.py"
 # not a skip: ansible-core is pinned in .venv (pyproject.toml), which scripts/setup makes
 try:

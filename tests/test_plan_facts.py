@@ -50,7 +50,9 @@ def _render_files(plan: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
                             + str(roles / "pd_services/templates/files.yml.j2") + "') }}",
                  "dest": "{{ pdnode_out }}", "mode": "0600"}}]}]
     (tmp / "render.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    env = {**os.environ, "ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins/filter"), "ANSIBLE_LOCALHOST_WARNING": "0",
+    # the role's templates name the collection's filters (pdnode.sglang_pd.*): the checkout
+    # is that collection on the collections path ansible.cfg names (scripts/setup links it)
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".venv" / "collections"), "ANSIBLE_LOCALHOST_WARNING": "0",
            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0", "ANSIBLE_NOCOLOR": "1"}
     r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,",
                         "-e", f"ansible_python_interpreter={sys.executable}", str(tmp / "render.yml")],
@@ -91,7 +93,7 @@ def test_the_cuda_major_of_dcgm_is_the_plans(branch, major):
     plan = _plan({"pdnode_driver_branch": branch})
     assert plan["install"]["cuda_major"] == major
     play = yaml.safe_load((ROOT / "playbooks/monitoring.yml").read_text())[0]
-    role = next(r for r in play["roles"] if r["role"] == "monitoring")
+    role = next(r for r in play["roles"] if r["role"] == "pdnode.sglang_pd.monitoring")
     assert role["vars"]["monitoring_dcgm_cuda_major"] == "{{ _pdnode_plan.install.cuda_major }}"
 
 

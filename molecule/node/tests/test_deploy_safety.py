@@ -81,6 +81,9 @@ def tree(tmp_path_factory):
 def deploy(tree: Path, extra: dict | None = None, kill_before: str | None = None, args=(), log=None):
     env = _clean_env()
     env["ANSIBLE_CONFIG"] = str(tree / "ansible.cfg")
+    # The pdnode package Ansible imports, and so packs into the bundle, is the copy's (a
+    # new pdnode release installed beside Ansible); the collection is the checkout's.
+    env["PYTHONPATH"] = str(tree / "scripts")
     if kill_before is not None:
         env.update(ANSIBLE_CALLBACK_PLUGINS=str(CALLBACKS), ANSIBLE_CALLBACKS_ENABLED="pdnode_kill_after",
                    PDNODE_KILL_BEFORE=kill_before, PDNODE_KILL_LOG=str(log or os.devnull))

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..core import resources
 from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
 from . import bench_report
 
@@ -39,11 +40,12 @@ CLIENT_NAME = "sglang.bench_serving"
 # bench_client.py runs CLIENT_MODULE and keeps each request's start time and latencies,
 # which the client measures but does not write; copied beside the datasets stub as this:
 WRAPPER_MODULE = "pdnode_bench_client"
-REPO = Path(__file__).resolve().parents[3]
+# What the inventory's relative controller paths (the key file) are relative to.
+REPO = resources.controller_dir()
 # The demo model's tokenizer (tokenizer.json beside its config.json): 1024 ids, the demo
 # model's vocab_size, counting text like the stand-in. The client only draws random ids
 # below its vocabulary size from it, so it serves any model with a larger vocabulary.
-DEFAULT_TOKENIZER = REPO / "playbooks" / "files" / "demo-moe"
+DEFAULT_TOKENIZER = resources.resource("playbooks", "files", "demo-moe")
 WARMUP_TIMEOUT_S = 120.0
 COUNTERS_TIMEOUT_S = 300.0
 DEFAULTS = {"requests": 64, "concurrency": 8, "input_len": 512, "output_len": 64, "range_ratio": 1.0}
@@ -278,15 +280,15 @@ def counters_ansible(inventory: Path, hosts: list[str], workdir: Path) -> Callab
     """Reads them on the hosts (every host of a layout spanning several) through
     playbooks/bench.yml (the project's ansible-playbook); one snapshot of them all."""
     ansible_playbook = Path(sys.executable).parent / "ansible-playbook"
-    playbook = REPO / "playbooks" / "bench.yml"
+    playbook, playbook_env = resources.playbook("bench")
 
     def read() -> tuple[dict[str, Any] | None, str | None]:
         if not os.access(ansible_playbook, os.X_OK):
             return None, f"ansible-playbook is not installed next to {sys.executable} (scripts/setup)"
         out_dir = Path(tempfile.mkdtemp(dir=workdir, prefix="counters-"))
-        argv = [str(ansible_playbook), str(playbook), "-i", str(inventory), "--limit", ",".join(hosts),
+        argv = [str(ansible_playbook), playbook, "-i", str(inventory), "--limit", ",".join(hosts),
                 "-e", json.dumps({"bench_counters_dir": str(out_dir)})]
-        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        env = dict(os.environ, **playbook_env, ANSIBLE_NOCOLOR="1")
         env["PATH"] = f"{ansible_playbook.parent}{os.pathsep}{env.get('PATH', '')}"
         try:
             proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
@@ -332,7 +334,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("where")
     g.add_argument("--base-url", help="the router as this machine reaches it, e.g. http://10.0.0.5:8000 "
                                       "(default: from the inventory and the plan)")
-    g.add_argument("--tokenizer", help=f"tokenizer directory the client draws ids from (default {DEFAULT_TOKENIZER.relative_to(REPO)})")
+    g.add_argument("--tokenizer", help="tokenizer directory the client draws ids from (default: the demo model's, playbooks/files/demo-moe)")
     g.add_argument("--client-python", help="python with sglang installed (default: scripts/sglang-validator's)")
     p.set_defaults(func=cmd_bench)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
 from ..core.kv_path import SPEEDS, kv_bytes_from_config
+from ..core.resources import controller_dir
 from ..core.planner_model import (MeasurementError, Params, Pool, Prediction, Run, Shape, Workload, fit, predict,
                             run_from_bench)
 
@@ -156,7 +157,7 @@ def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
     settings = plan.settings
     runs = load_runs(args.measurements)
     workload = _workload(args, runs)
-    repo = Path(__file__).resolve().parents[3]
+    repo = controller_dir()
     kv_bytes, kv_source = _kv_bytes(args, settings, repo)
     backend = str(settings.get("pdnode_transfer_backend") or "mooncake")
     # The path the plan chose (pdnode.core.kv_path). The stand-in's bytes cross loopback TCP,

@@ -36,19 +36,18 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from ..core import change_cost, monitoring
+from ..core import change_cost, monitoring, resources
 from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
 from ..core.inventory import InventoryError, inventory_hosts
 from ..core.load import Unplannable, load_plan
 from ..core.instances import gpus_text
 
-ROOT = Path(__file__).resolve().parents[3]
 # The units' readiness timeout and watchdog come from the pd_services role: its defaults,
 # or the inventory's values (judged by the plan: values.ROLE_RULES).
-PD_SERVICES_DEFAULTS = ROOT / "roles" / "pd_services" / "defaults" / "main.yml"
+PD_SERVICES_DEFAULTS = resources.resource("roles", "pd_services", "defaults", "main.yml")
 PD_SERVICES_VALUES = ("pd_services_ready_timeout_s", "pd_services_watchdog_s")
-TEMPLATES = ROOT / "templates" / "runbooks"
-DEFAULT_OUT = ROOT / ".cache" / "runbooks"
+TEMPLATES = resources.resource("templates", "runbooks")
+DEFAULT_OUT = resources.controller_dir() / ".cache" / "runbooks"
 # One template per page; alerts/<name>.md come from alert.md.j2, once per alert.
 PAGES = ("README.md", "start-stop.md", "change.md", "node-not-serving.md", "verify-collect-bench.md", "upgrade.md")
 ALERT_TEMPLATE = "alert.md.j2"

@@ -34,9 +34,9 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_install_root", "str", "/opt/sglang-pd", "where per-release virtualenvs live (host path, see the path rule below; owned by the service user)"),
     _F("pdnode_config_dir", "str", "/etc/sglang-pd", "ServerArgs JSON, environment files, secrets (host path, see the path rule below; owned by the service user)"),
     _F("pdnode_wheelhouse", "str_or_none", None, "controller directory of wheels for offline installs (made by scripts/wheelhouse; "
-       "relative paths are relative to the repository root; letters, digits, . _ / + -; at most 200)"),
+       "relative paths are relative to the checkout's root, or to the run's directory with the installed collection; letters, digits, . _ / + -; at most 200)"),
     _F("pdnode_api_key_file", "str_or_none", None, "controller file holding the API key the router and workers require (relative "
-       "paths are relative to the repository root; copied to the host mode 0400; letters, digits, . _ / + -)"),
+       "paths are relative to the checkout's root, or to the run's directory with the installed collection; copied to the host mode 0400; letters, digits, . _ / + -)"),
     # The model
     _F("pdnode_model_path", "str", REQUIRED, "absolute path of the model directory on the host (path rule below)"),
     _F("pdnode_model_served_name", "str", REQUIRED, "name clients use in 'model' (letter or digit first, then letters, digits, . _ / @ + -; at most 128; no ':', SGLang reserves it)"),
@@ -46,7 +46,7 @@ FIELDS: tuple[Field, ...] = (
        "overrides pdnode_model_controller_path"),
     _F("pdnode_model_controller_path", "str_or_none", None, "controller directory with the model's config.json "
        "(and model.safetensors.index.json): the capacity check reads the weight size there (relative paths are "
-       "relative to the repository root)"),
+       "relative to the checkout's root, or to the run's directory with the installed collection)"),
     # The engine instances (keys of each entry: INSTANCE_KEYS below)
     _F("pdnode_prefill_instances", "instance_list", REQUIRED, "prefill instances of the host, each a mapping of INSTANCE_KEYS (below)"),
     _F("pdnode_decode_instances", "instance_list", REQUIRED, "decode instances of the host, each a mapping of INSTANCE_KEYS (below)"),

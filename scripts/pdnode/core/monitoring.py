@@ -20,7 +20,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-TEMPLATE = Path(__file__).resolve().parents[3] / "templates" / "prometheus" / "pdnode-alerts.rules.template.yml"
+from . import resources
+
+TEMPLATE = resources.resource("templates", "prometheus", "pdnode-alerts.rules.template.yml")
 
 # Scrape job names the rules select on. The Prometheus role must name its jobs exactly
 # so; it takes them from here (scrape_jobs), never spelled again.

@@ -13,11 +13,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from ..node import releases
 from . import argtable, cluster, disagg, guards, kv_path, mooncake_select, router_judge, values
+from .resources import controller_dir
 from . import instances as inst_rules
 from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
 from .instances import Instance
@@ -47,8 +47,9 @@ OWNED_ROUTER_ARGS = {
     "cb_timeout_duration_secs": "pdnode_router_circuit_open_s",
     "api_key": "(a secret file, never a variable)",
 }
-# Controller paths in the description are relative to the repository root.
-REPO_ROOT = Path(__file__).resolve().parents[3]
+# Controller paths in the description are relative to the controller directory (a
+# checkout's root; with the installed package, the directory pdnode runs in).
+REPO_ROOT = controller_dir()
 _IB_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 

@@ -844,22 +844,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "(runs playbooks/collect.yml)")
     p.add_argument("inventory", help="inventory directory, e.g. inventories/gpu01")
     p.add_argument("--limit", help="only these hosts (an Ansible --limit pattern)")
-    p.add_argument("--out", help="directory for the bundle (default: .cache/collect in the repository)")
+    p.add_argument("--out", help="directory for the bundle (default: .cache/collect in the repository, or in "
+                                 "the current directory with the installed package)")
     p.set_defaults(func=cmd_collect)
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
     """Exit 0: bundle written with every host; 1: written, some host missing; 2: no bundle."""
-    root = Path(__file__).resolve().parents[3]
-    playbook = root / "playbooks" / "collect.yml"
+    from ..core.resources import playbook as find_playbook  # controller side only: the host runs this file alone
+
+    playbook, playbook_env = find_playbook("collect")
     # The project's own Ansible: the one installed beside this Python (.venv/bin).
     ansible_playbook = Path(sys.executable).parent / "ansible-playbook"
     if not os.access(ansible_playbook, os.X_OK):
         print(f"pdnode collect: ansible-playbook is not installed next to {sys.executable} "
               "(set up the project's .venv: scripts/setup)", file=sys.stderr)
-        return 2
-    if not playbook.is_file():
-        print(f"pdnode collect: {playbook} not found (run pdnode from the repository's .venv)", file=sys.stderr)
         return 2
     inventory = Path(args.inventory).resolve()
     if not inventory.exists():
@@ -870,16 +869,15 @@ def cmd_collect(args: argparse.Namespace) -> int:
         extra = {"collect_path_file": str(path_file)}
         if args.out:
             extra["collect_out_dir"] = str(Path(args.out).resolve())
-        argv = [str(ansible_playbook), str(playbook), "-i", str(inventory), "-e", json.dumps(extra)]
+        argv = [str(ansible_playbook), playbook, "-i", str(inventory), "-e", json.dumps(extra)]
         argv += ["--limit", args.limit] if args.limit else []
-        env = dict(os.environ)
-        # The repository's configuration, always: the playbook needs its filter plugins
-        # (pdnode_plan), whatever ANSIBLE_CONFIG the caller's shell has.
-        env["ANSIBLE_CONFIG"] = str(root / "ansible.cfg")
+        # A checkout's configuration, always (its collections path holds the checkout as
+        # pdnode.sglang_pd), whatever ANSIBLE_CONFIG the caller's shell has.
+        env = dict(os.environ, **playbook_env)
         env["PATH"] = f"{ansible_playbook.parent}{os.pathsep}{env.get('PATH', '')}"
         t0 = time.monotonic()
         # Ansible's own output is the progress (one line per task and host).
-        rc = subprocess.run(argv, cwd=root, env=env, check=False).returncode
+        rc = subprocess.run(argv, env=env, check=False).returncode
         elapsed = time.monotonic() - t0
         summary = json.loads(path_file.read_text()) if path_file.is_file() else None
     if summary is None:

@@ -18,7 +18,7 @@ description:
     only on a daemon-reload, which the caller runs after this module. A run killed between
     two renames leaves valid files whose services' digests differ from what they were
     started with, so the next run finishes the writes and restarts them.
-  - O(secrets) (keys) belong to the same all-or-nothing set: validated with the rest,
+  - O(secrets) (keys) belong to the same all-or-nothing set, validated with the rest and
     renamed in with the data files. Their content (O(secret_contents)) is a no_log option,
     never in the diff, the result or the host's log.
   - O(disable) units are disabled only after every validator passed and the files are in
@@ -27,8 +27,8 @@ description:
     is compared with the digest recorded when that service was last (re)started
     (O(applied_dir)); a mismatch lists the role in RV(restart_roles) even when nothing was
     written in this run (for example after a deploy was interrupted before its restart).
-  - With O(record), writes nothing but the records: the digests of the given roles as they
-    are on disk now (call it after those services restarted).
+  - With O(record), writes nothing but the records (the digests of the given roles as they
+    are on disk now); call it after those services restarted.
   - One module call instead of one per file keeps a no-change run of the deploy fast.
 options:
   files:
@@ -51,7 +51,7 @@ options:
       secret:
         description:
           - The diff shows that the file changed, never its content. (The module still logs
-            its arguments on the host: pass secrets through a task with no_log as well.)
+            its arguments on the host, so pass secrets through a task with no_log as well.)
         type: bool
         default: false
       roles:
@@ -81,7 +81,7 @@ options:
       mode: {description: Octal mode as a string., type: str, required: true}
       owner: {description: Owner name., type: str, default: root}
       group: {description: Group name., type: str, default: root}
-      validate: {description: As O(files[].validate)., type: list, elements: str}
+      validate: {description: "As O(files[].validate).", type: list, elements: str}
       roles: {description: Services that read this file., type: list, elements: str, default: []}
   secret_contents:
     description:
@@ -130,7 +130,7 @@ author: pdnode
 
 EXAMPLES = r"""
 - name: Write the service files
-  pd_services_files:
+  pdnode.sglang_pd.pd_services_files:
     files:
       - {path: /etc/app/app.json, content: "{}", mode: "0640", group: app, roles: [app]}
       - path: /etc/systemd/system/app.service
@@ -143,7 +143,7 @@ EXAMPLES = r"""
   register: written
 
 - name: Record what the restarted services run
-  pd_services_files:
+  pdnode.sglang_pd.pd_services_files:
     files: []
     inputs: [{path: /etc/app/app.json, roles: [app]}]
     applied_dir: /var/lib/pdnode/applied/app
@@ -190,7 +190,8 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
-TMP_PREFIX, TMP_SUFFIX = ".pdnode-", ".tmp"
+TMP_PREFIX = ".pdnode-"
+TMP_SUFFIX = ".tmp"
 # mkstemp's names only: a leftover of a killed run, never anything else in /etc.
 TMP_RE = re.compile(r"^\.pdnode-[A-Za-z0-9_]{8}\.tmp$")
 SECRET_DIFF = "(secret: content not shown)\n"  # noqa: S105 - a placeholder, not a password

@@ -1,7 +1,9 @@
-#!/usr/bin/env python3
-"""Pack scripts/pdnode into a byte-for-byte reproducible tar.gz for the hosts.
+"""Pack the pdnode package into a byte-for-byte reproducible tar.gz for the hosts.
 
-    scripts/bundle-pdnode OUT.tar.gz
+    python -m pdnode.commands.bundle OUT.tar.gz
+
+The package packed is this one, as imported: a checkout's scripts/pdnode, or the
+installed wheel's (less the package data only the controller reads).
 
 Same sources -> same bytes (sorted names, zero mtimes and owners, gzip without a
 timestamp), so Ansible's copy stays unchanged on a re-run. OUT is rewritten only when
@@ -16,16 +18,20 @@ import sys
 import tarfile
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parent / "pdnode"
+SRC = Path(__file__).resolve().parents[1]  # pdnode/, above commands/
+# Package data that only the controller reads (the wheel's copies of checkout files:
+# pyproject.toml, pdnode.core.resources).
+CONTROLLER_ONLY = {"templates", "roles", "playbooks"}
 
 
 def build() -> bytes:
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(SRC.rglob("*")):
-            if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
+            rel = path.relative_to(SRC)
+            if "__pycache__" in rel.parts or path.suffix == ".pyc" or not path.is_file() or rel.parts[0] in CONTROLLER_ONLY:
                 continue
-            info = tarfile.TarInfo(str(Path("pdnode") / path.relative_to(SRC)))
+            info = tarfile.TarInfo(str(Path("pdnode") / rel))
             data = path.read_bytes()
             info.size, info.mtime, info.mode = len(data), 0, 0o644
             tar.addfile(info, io.BytesIO(data))
@@ -34,7 +40,7 @@ def build() -> bytes:
 
 def main() -> int:
     if len(sys.argv) != 2:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print("usage: python -m pdnode.commands.bundle OUT.tar.gz", file=sys.stderr)
         return 2
     out = Path(sys.argv[1])
     data = build()
