@@ -284,7 +284,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 OPTIONAL = {
     "verify": "pdnode.verify.cli",
     "placement": "pdnode.commands.placement",
-    "collect": "pdnode.node.collect",
+    "collect": "pdnode.commands.collect",
     "plan": "pdnode.commands.planner",
     "bench": "pdnode.commands.bench",
     "runbooks": "pdnode.commands.runbooks",
