@@ -6,6 +6,7 @@ demo node from them; these tests check what can be checked without a node."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -141,3 +142,12 @@ def test_the_node_programs_come_from_the_imported_package():
 def test_playbooks_run_by_pdnode_are_the_checkouts_here():
     target, env = resources.playbook("collect")
     assert target == str(ROOT / "playbooks" / "collect.yml") and env == {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+
+
+def test_the_collections_module_documents_itself():
+    """A collection module's DOCUMENTATION is what ansible-doc and the argument checks read."""
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "-M", str(ROOT / "plugins" / "modules"),
+                        "--json", "pd_services_files"], capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and "Unable to parse" not in r.stderr, r.stderr
+    doc = json.loads(r.stdout)["pd_services_files"]["doc"]
+    assert {"files", "secrets", "secret_contents", "disable"} <= set(doc["options"])

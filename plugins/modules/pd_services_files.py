@@ -66,7 +66,7 @@ options:
       digest:
         description:
           - What counts in its readers' digests instead of O(files[].content), when part of the
-            content reaches the running service another way (the router's worker list: through
+            content reaches the running service another way (the router's worker list, through
             its admin API). The file is written with its full content all the same.
         type: str
   secrets:
