@@ -1,0 +1,76 @@
+"""A no-change site.yml on the deployed node (issue 20, section 5): it changes nothing and
+does no more work than its budget. What a run costs is mostly its module calls (each one
+a round trip to the host, or a process on the controller), so those are counted, from
+Ansible's own record of the run (the ansible.posix.json callback): a task that ran a
+module counts once, a loop once per item that ran; skipped tasks and the controller's
+own actions (set_fact, assert, debug, ...) count nothing. The budgets come from the
+profile in docs/measurements.md ("A no-change site.yml beside one peer service"); a new
+task that every no-change run pays for has to be worth raising them.
+How long the run takes is a benchmark (scripts/measure-site-peer), never asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
+# Actions that run inside the controller's process: no module, no round trip.
+IN_PROCESS = {"set_fact", "assert", "debug", "fail", "meta", "include_tasks", "include_role", "import_tasks",
+              "import_role", "validate_argument_spec", "include_vars", "add_host", "group_by"}
+# Module calls of a no-change site.yml on the node scenario's instance (stand-in engine,
+# API key, one host): on the host, and on the controller (delegate_to: localhost).
+HOST_CALLS_BUDGET = 33
+CONTROLLER_CALLS_BUDGET = 4
+
+
+def _short(action: str) -> str:
+    return action.rsplit(".", 1)[-1]
+
+
+def module_calls(record: dict, host: str) -> dict[str, list[str]]:
+    """{"host": [task names], "controller": [task names]}: one entry per module call."""
+    calls: dict[str, list[str]] = {"host": [], "controller": []}
+    for play in record["plays"]:
+        for task in play["tasks"]:
+            result = task["hosts"].get(host)
+            if result is None or result.get("skipped") or _short(result["action"]) in IN_PROCESS:
+                continue
+            delegated = result.get("_ansible_delegated_vars") or {}
+            where = "controller" if delegated.get("ansible_delegated_host") == "localhost" else "host"
+            items = result.get("results")
+            n = 1 if items is None else sum(1 for r in items if not r.get("skipped"))
+            calls[where] += [task["task"]["name"]] * n
+    return calls
+
+
+@pytest.fixture(scope="module")
+def no_change_run(inventory):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
+    env.update(PATH=f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}", ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_NOCOLOR="1")
+    r = subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "site.yml")], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=900, check=False)
+    assert r.returncode == 0, f"site.yml failed:\n{r.stdout[-4000:]}\n{r.stderr[-3000:]}"
+    return json.loads(r.stdout[r.stdout.index("{"):])
+
+
+def test_a_no_change_site_yml_changes_nothing(no_change_run):
+    stats = no_change_run["stats"][CONTAINER]
+    assert (stats["changed"], stats["failures"], stats["unreachable"]) == (0, 0, 0), stats
+
+
+def test_a_no_change_site_yml_stays_within_its_module_call_budget(no_change_run):
+    calls = module_calls(no_change_run, CONTAINER)
+    print(f"\nmodule calls of a no-change site.yml: {len(calls['host'])} on the host, "
+          f"{len(calls['controller'])} on the controller:\n  " + "\n  ".join(calls["host"] + calls["controller"]))
+    assert len(calls["host"]) <= HOST_CALLS_BUDGET, calls["host"]
+    assert len(calls["controller"]) <= CONTROLLER_CALLS_BUDGET, calls["controller"]
+    # the count is of real work: the verification and the services' files are among it
+    assert "Run the verification on the host" in calls["host"]
+    assert any("pd_services : Write the ServerArgs" in name for name in calls["host"])
