@@ -40,8 +40,7 @@ MEASURED = {
     LONE_1P1D: ("1P1D, restart of the prefill (its decode is bound to it: both leave and return)", "12.8 s"),
     SMG_DROP: ("1P1D, restart of the prefill (its decode is bound to it: both leave and return)",
                "~5 s after the DELETE"),
-    ROUTER_RESTART: ("2P2D, upgrade to a new release (smg 1.13.0 -> sglang-router 0.3.2, `playbooks/upgrade.yml`)",
-                     "1.5 s"),
+    ROUTER_RESTART: ("2P2D, upgrade changing the router package (smg 1.13.0 -> sglang-router 0.3.2)", "0.5 s"),
 }
 
 
