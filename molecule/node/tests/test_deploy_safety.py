@@ -39,14 +39,14 @@ KEY_FILE = "molecule/node/files/test-api-key"
 # case reported in issue 9, item 5), units loaded but nothing restarted, some services
 # restarted, all restarted but not recorded. PDNODE_KILL_ALL=1 adds every other boundary.
 KILL_BEFORE = [
-    "sglang : Tell the services whether the release changed",
+    "sglang : Tell the services whether the release or the router's venv changed",
     "pd_services : Make the router's admin key on the host when it has none",
     "pd_services : Apply unit changes before starting",
     "handler: pd_services : Restart the changed engines, one at a time",
     "handler: pd_services : Restart router",
     "handler: pd_services : Record what the restarted services run",
 ]
-FIRST_WRITE = "sglang : Install the bundle into the release virtualenv"
+FIRST_WRITE = "sglang : Install the bundle into the release and the router virtualenvs"
 
 
 def _clean_env() -> dict:
