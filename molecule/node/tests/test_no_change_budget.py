@@ -51,6 +51,10 @@ def module_calls(record: dict, host: str) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def no_change_run(inventory):
+    # The converge ran from the scenario, so the checkout's own report directories may not
+    # exist yet (a fresh clone): making them is a first run's work, not a no-change run's.
+    for report in ("preflight", "verify"):
+        (REPO / ".cache" / report).mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
     env.update(PATH=f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}", ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
                ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_NOCOLOR="1")
