@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+# The playbooks name the roles by FQCN, and Ansible names a role's tasks the same way.
+COLLECTION = "pdnode.sglang_pd"
 
 
 def _boundaries(test_file: str, constant: str) -> list[str]:
@@ -28,7 +30,7 @@ def _names(items: list, role: str, prefix: str) -> set[str]:
     out: set[str] = set()
     for item in items or []:
         if isinstance(item, dict) and "name" in item:
-            out.add(f"{prefix}{role} : {item['name']}")
+            out.add(f"{prefix}{COLLECTION}.{role} : {item['name']}")
             for key in ("block", "rescue", "always"):
                 out |= _names(item.get(key), role, prefix)
     return out
@@ -56,4 +58,5 @@ def test_every_kill_boundary_names_a_task_that_exists(test_file, constant, bound
 
 
 def test_a_renamed_task_is_caught():
-    assert "sglang : Tell the services whether the release changed" not in task_names()
+    assert "pdnode.sglang_pd.sglang : Tell the services whether the release changed" not in task_names()
+    assert "sglang : Tell the services whether the release or the router's venv changed" not in task_names()

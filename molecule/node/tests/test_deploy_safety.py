@@ -39,14 +39,14 @@ KEY_FILE = "molecule/node/files/test-api-key"
 # case reported in issue 9, item 5), units loaded but nothing restarted, some services
 # restarted, all restarted but not recorded. PDNODE_KILL_ALL=1 adds every other boundary.
 KILL_BEFORE = [
-    "sglang : Tell the services whether the release or the router's venv changed",
-    "pd_services : Make the router's admin key on the host when it has none",
-    "pd_services : Apply unit changes before starting",
-    "handler: pd_services : Restart the changed engines, one at a time",
-    "handler: pd_services : Restart router",
-    "handler: pd_services : Record what the restarted services run",
+    "pdnode.sglang_pd.sglang : Tell the services whether the release or the router's venv changed",
+    "pdnode.sglang_pd.pd_services : Make the router's admin key on the host when it has none",
+    "pdnode.sglang_pd.pd_services : Apply unit changes before starting",
+    "handler: pdnode.sglang_pd.pd_services : Restart the changed engines, one at a time",
+    "handler: pdnode.sglang_pd.pd_services : Restart router",
+    "handler: pdnode.sglang_pd.pd_services : Record what the restarted services run",
 ]
-FIRST_WRITE = "sglang : Install the bundle into the release and the router virtualenvs"
+FIRST_WRITE = "pdnode.sglang_pd.sglang : Install the bundle into the release and the router virtualenvs"
 
 
 def _clean_env() -> dict:
@@ -199,7 +199,7 @@ def test_interrupted_deploys_converge_to_the_files_on_disk(tree, host, tmp_path)
             killed = deploy(tree, extra, kill_before=name, log=log)
             assert killed.returncode == 99 and name in log.read_text(), (
                 f"not killed before {name!r}: rc {killed.returncode}\n{killed.stdout[-3000:]}")
-            if name == "pd_services : Apply unit changes before starting":
+            if name == "pdnode.sglang_pd.pd_services : Apply unit changes before starting":
                 # the reported case: check mode must see the restart that is owed
                 check = deploy(tree, extra, args=["--check"])
                 assert check.returncode == 0 and recap(check)["changed"] > 0, check.stdout[-3000:]

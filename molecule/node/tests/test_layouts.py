@@ -387,9 +387,9 @@ def test_restart_refuses_an_unknown_instance_in_one_line(layouts):
 # out of the router and running; out and stopped; restarted but not back. PDNODE_KILL_ALL=1:
 # every task boundary of roles/pd_services/tasks/restart_engine.yml.
 DRAIN_KILL_BEFORE = [
-    "pd_services : Show when the instance left the router",
-    "pd_services : Wait until every decode's heartbeats have dropped it",
-    "pd_services : Put the instance back into the router",
+    "pdnode.sglang_pd.pd_services : Show when the instance left the router",
+    "pdnode.sglang_pd.pd_services : Wait until every decode's heartbeats have dropped it",
+    "pdnode.sglang_pd.pd_services : Put the instance back into the router",
 ]
 
 
@@ -402,7 +402,7 @@ def test_an_interrupted_drain_is_put_back_by_the_next_run(host, layouts, tmp_pat
         log = tmp_path / "all.log"
         assert restart(layouts["2P1D"], "prefill-1", kill_before="", log=log).returncode == 0
         names = log.read_text().splitlines()
-        first = names.index("pd_services : Start the change of the instance")
+        first = names.index("pdnode.sglang_pd.pd_services : Start the change of the instance")
         boundaries = names[first + 1:]
     for n, name in enumerate(boundaries):
         log = tmp_path / f"kill-{n}.log"
