@@ -248,7 +248,7 @@ def test_interrupted_upgrade_back_to_smg_rerun_ends_on_one_release(host, version
     seen = ""
     for line in proc.stdout:
         seen += line
-        if "RUNNING HANDLER [pd_services : Restart the changed engines" in line:
+        if "RUNNING HANDLER [pdnode.sglang_pd.pd_services : Restart the changed engines" in line:
             break
     os.killpg(proc.pid, 9)
     proc.wait(timeout=60)
