@@ -102,6 +102,10 @@ FIELDS: tuple[Field, ...] = (
        "each with a warning, e.g. [otlp_traces_endpoint]; `mesh_*` allows smg's mesh arguments"),
     # Environment of the engines (SGLANG_*, MC_*, ...), common to prefill and decode
     _F("pdnode_engine_environment", "dict", {}, "extra environment for prefill and decode (names A-Z 0-9 _; values letters, digits, _ . , : / @ + = -)"),
+    # How a run converges
+    _F("pdnode_fast_path", "bool", True, "each role first reads the host state it converges in one call and runs "
+       "its tasks only when something differs (a no-change run's speed); false: every task runs and its module "
+       "judges, as tests do to compare the two"),
     # Versions
     _F("pdnode_sglang_version", "str", releases.SGLANG, "SGLang release installed on the host"),
     _F("pdnode_sglang_router_version", "str", releases.SGLANG_ROUTER, "sglang-router release (pdnode_router_package sglang-router)"),

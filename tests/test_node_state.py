@@ -1,0 +1,229 @@
+"""plugins/modules/node_state.py (the roles' one-call read of the host): its verdicts agree
+with the modules they stand in for, over generated cases, and it changes nothing.
+
+The fast copy is only allowed beside the original: each file case is judged by the copy
+module and each directory case by the file module (both in check mode, in this process,
+as on a host), and each account case by the group and user modules (check mode, the
+accounts this machine has); a case where node_state sees no drift must be one where the
+real module would change nothing, and the other way round. Packages and units are judged
+on the node scenario's systemd container (molecule/node/tests/test_no_change_budget.py:
+a forced full converge after the fast no-change run changes nothing, and each drift
+planted there is seen and repaired).
+"""
+
+from __future__ import annotations
+
+import grp
+import hashlib
+import importlib
+import importlib.util
+import io
+import json
+import os
+import pwd
+import random
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE = ROOT / "plugins" / "modules" / "node_state.py"
+try:
+    import ansible.module_utils.basic  # noqa: F401 - what the modules under test run on
+except ImportError as exc:
+    raise ImportError(f"{exc}: ansible-core is missing; run scripts/setup (it installs .venv)") from None
+
+USER = pwd.getpwuid(os.getuid()).pw_name
+GROUP = grp.getgrgid(os.getgid()).gr_name
+def exists(lookup, name: str) -> bool:
+    try:
+        lookup(name)
+        return True
+    except KeyError:
+        return False
+
+
+# Accounts any Debian host has (base-passwd), to generate owner and group differences
+# (giving a file another owner needs root, as CI runs).
+USERS = [USER] + [n for n in ("daemon", "bin", "nobody") if n != USER and exists(pwd.getpwnam, n)]
+GROUPS = [GROUP] + [n for n in ("daemon", "bin", "nogroup") if n != GROUP and exists(grp.getgrnam, n)]
+
+
+def run_module(load, args: dict, check: bool = True) -> dict:
+    """Run an Ansible module's main() in this process; returns its JSON result."""
+    from ansible.module_utils import basic
+
+    mod = load()
+    payload = {"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check, "_ansible_diff": False,
+                                       "_ansible_no_log": False, "_ansible_tmpdir": None,
+                                       "_ansible_remote_tmp": "/tmp", "_ansible_keep_remote_files": False}}
+    basic._ANSIBLE_ARGS = json.dumps(payload).encode()
+    basic._ANSIBLE_PROFILE = "legacy"
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit):
+        mod.main()
+    return json.loads(out.getvalue())
+
+
+def node_state():
+    spec = importlib.util.spec_from_file_location("node_state", MODULE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def builtin(name: str):
+    return lambda: importlib.reload(importlib.import_module(f"ansible.modules.{name}"))
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def plant(rng: random.Random, path: Path, want: dict, content: str | None) -> None:
+    """One generated state of a path: as wanted, or differing in one thing (missing, of
+    another kind, content, mode, owner or group). content None: a directory is wanted."""
+    kinds = ["as wanted"] * 4 + ["missing", "other kind", "mode", "owner", "group"] + ["content"] * (content is not None)
+    change = rng.choice(kinds)
+    if change == "missing":
+        return
+    is_dir = (content is None) != (change == "other kind")
+    if is_dir:
+        path.mkdir()
+    else:
+        path.write_text((content or "") + ("x" if change == "content" else ""))
+    mode = int(want["mode"], 8)
+    os.chmod(path, mode ^ 0o040 if change == "mode" else mode)
+    owner = rng.choice([u for u in USERS if u != want["owner"]]) if change == "owner" else want["owner"]
+    group = rng.choice([g for g in GROUPS if g != want["group"]]) if change == "group" else want["group"]
+    os.chown(path, pwd.getpwnam(owner).pw_uid, grp.getgrnam(group).gr_gid)
+
+
+def test_file_verdicts_agree_with_the_copy_module(tmp_path):
+    rng = random.Random(20)  # noqa: S311 - reproducible cases, not secrets
+    verdicts = []
+    for i in range(60):
+        case = tmp_path / f"case{i}"
+        case.mkdir()
+        dest, src = case / "dest", case / "src"
+        content = rng.choice(["A=1\n", "A=2\n", ""])
+        want = {"path": str(dest), "sha256": sha(content), "mode": rng.choice(["0644", "0640", "0600"]),
+                "owner": rng.choice(USERS), "group": rng.choice(GROUPS)}
+        plant(rng, dest, want, content)
+        src.write_text(content)
+        ours = run_module(node_state, {"files": [want]})
+        if dest.is_dir():
+            # copy would put src inside the directory; the roles never ask for that
+            assert ours["drift"] == [f"file {dest}: not a regular file"]
+            continue
+        copy = run_module(builtin("copy"), {"src": str(src), "dest": str(dest), "mode": want["mode"],
+                                            "owner": want["owner"], "group": want["group"], "remote_src": True})
+        assert not copy.get("failed"), copy
+        assert bool(ours["drift"]) == copy["changed"], (i, ours["drift"], copy)
+        verdicts.append(copy["changed"])
+    # both verdicts, often: the generator reaches the agreeing and the differing states
+    assert verdicts.count(True) >= 10 and verdicts.count(False) >= 10, verdicts
+
+
+def test_directory_verdicts_agree_with_the_file_module(tmp_path):
+    rng = random.Random(21)  # noqa: S311 - reproducible cases, not secrets
+    verdicts = []
+    for i in range(40):
+        path = tmp_path / f"d{i}"
+        want = {"path": str(path), "mode": rng.choice(["0755", "0750"]),
+                "owner": rng.choice(USERS), "group": rng.choice(GROUPS)}
+        plant(rng, path, want, None)
+        ours = run_module(node_state, {"directories": [want]})
+        if path.is_file():
+            # the file module refuses to turn a file into a directory; so does the role's converge
+            assert ours["drift"] == [f"directory {path}: not a directory"]
+            continue
+        real = run_module(builtin("file"), {**want, "state": "directory"})
+        assert bool(ours["drift"]) == real["changed"], (i, ours["drift"], real)
+        verdicts.append(real["changed"])
+    assert verdicts.count(True) >= 8 and verdicts.count(False) >= 5, verdicts
+
+
+def test_account_verdicts_agree_with_the_group_and_user_modules():
+    rng = random.Random(22)  # noqa: S311 - reproducible cases, not secrets
+    verdicts = []
+    names = [e.pw_name for e in pwd.getpwall()][:8] + ["pdnode-no-such-user"]
+    for i in range(40):
+        name = rng.choice(names)
+        entry = pwd.getpwnam(name) if exists(pwd.getpwnam, name) else None
+        want = {"name": name}
+        for field, real_value, other in (("home", entry and entry.pw_dir, "/nonexistent-home"),
+                                         ("shell", entry and entry.pw_shell, "/bin/false")):
+            if rng.random() < 0.5:
+                want[field] = real_value if (real_value and rng.random() < 0.6) else other
+        real = run_module(builtin("user"), {**want, "create_home": False})
+        ours = run_module(node_state, {"users": [want]})
+        assert bool(ours["drift"]) == real["changed"], (i, want, ours["drift"], real)
+        verdicts.append(real["changed"])
+    assert verdicts.count(True) >= 8 and verdicts.count(False) >= 8, verdicts
+    for name in [g.gr_name for g in grp.getgrall()][:5] + ["pdnode-no-such-group"]:
+        real = run_module(builtin("group"), {"name": name})
+        ours = run_module(node_state, {"groups": [name]})
+        assert bool(ours["drift"]) == real["changed"], (name, ours["drift"], real)
+
+
+def test_reads_finds_and_commands_report_without_judging(tmp_path):
+    (tmp_path / "marker").write_text("release-1")
+    for name in ("sglang-pd-prefill-0.service", "sglang-pd-decode-1.service", "other.service"):
+        (tmp_path / name).write_text("")
+    result = run_module(node_state, {
+        "read": [str(tmp_path / "marker"), str(tmp_path / "absent")],
+        "find": {"engines": {"path": str(tmp_path), "pattern": r"sglang-pd-(prefill|decode)-\d+\.service"},
+                 "none": {"path": str(tmp_path / "absent"), "pattern": ".*"}},
+        "commands": {"echo": {"argv": [sys.executable, "-c", "import sys; print(sys.stdin.read()[::-1])"],
+                              "stdin": "abc"},
+                     "fails": {"argv": [sys.executable, "-c", "raise SystemExit(3)"]}},
+    })
+    assert result["drift"] == [] and result["changed"] is False
+    assert result["read"] == {str(tmp_path / "marker"): "release-1", str(tmp_path / "absent"): None}
+    assert result["found"] == {"engines": ["sglang-pd-decode-1.service", "sglang-pd-prefill-0.service"],
+                               "none": []}
+    assert result["commands"]["echo"]["stdout"].strip() == "cba"
+    assert result["commands"]["fails"]["rc"] == 3
+
+
+def test_a_malformed_query_is_one_message_naming_it(tmp_path):
+    bad_find = run_module(node_state, {"find": {"units": {"path": str(tmp_path)}}})
+    assert bad_find["failed"] and "find.units" in bad_find["msg"] and "fix:" in bad_find["msg"]
+    bad_cmd = run_module(node_state, {"commands": {"ports": {"argv": []}}})
+    assert bad_cmd["failed"] and "commands.ports" in bad_cmd["msg"] and "fix:" in bad_cmd["msg"]
+    bad_re = run_module(node_state, {"find": {"units": {"path": str(tmp_path), "pattern": "("}}})
+    assert bad_re["failed"] and "find.units.pattern" in bad_re["msg"]
+
+
+def test_an_http_check_names_what_it_got(tmp_path):
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server name
+            body = b"up 1\nreloaded 1\n" if self.path == "/metrics" else b""
+            self.send_response(200 if self.path != "/missing" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        result = run_module(node_state, {"http": [
+            {"url": f"{base}/metrics", "line": "reloaded 1"},
+            {"url": f"{base}/metrics", "line": "reloaded 0"},
+            {"url": f"{base}/missing"},
+            {"url": "http://127.0.0.1:1/"},
+        ]})
+    finally:
+        server.shutdown()
+    drift = result["drift"]
+    assert len(drift) == 3, drift
+    assert "no line 'reloaded 0'" in drift[0] and "status 404" in drift[1] and "127.0.0.1:1" in drift[2]
