@@ -49,24 +49,42 @@ def module_calls(record: dict, host: str) -> dict[str, list[str]]:
     return calls
 
 
+def site_yml(inventory, *extra: str) -> dict:
+    """One site.yml on the node; Ansible's JSON record of it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
+    env.update(PATH=f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}", ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_NOCOLOR="1")
+    r = subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "site.yml"), *extra], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert r.returncode == 0, f"site.yml {' '.join(extra)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-3000:]}"
+    return json.loads(r.stdout[r.stdout.index("{"):])
+
+
 @pytest.fixture(scope="module")
 def no_change_run(inventory):
     # The converge ran from the scenario, so the checkout's own report directories may not
     # exist yet (a fresh clone): making them is a first run's work, not a no-change run's.
     for report in ("preflight", "verify"):
         (REPO / ".cache" / report).mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
-    env.update(PATH=f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}", ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_NOCOLOR="1")
-    r = subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "site.yml")], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=900, check=False)
-    assert r.returncode == 0, f"site.yml failed:\n{r.stdout[-4000:]}\n{r.stderr[-3000:]}"
-    return json.loads(r.stdout[r.stdout.index("{"):])
+    return site_yml(inventory)
 
 
 def test_a_no_change_site_yml_changes_nothing(no_change_run):
     stats = no_change_run["stats"][CONTAINER]
     assert (stats["changed"], stats["failures"], stats["unreachable"]) == (0, 0, 0), stats
+
+
+def test_every_task_judging_agrees_with_the_one_call_reads(no_change_run, inventory):
+    """The fast path's reads (node_state) found nothing to change on this node; with
+    pdnode_fast_path false every role runs all its tasks, each module judging for itself.
+    They must agree: nothing changes. (A read that missed something its role converges would
+    show here as a change, on a node the fast run called converged.)"""
+    full = site_yml(inventory, "--extra-vars", json.dumps({"pdnode_fast_path": False}))
+    stats = full["stats"][CONTAINER]
+    assert (stats["changed"], stats["failures"]) == (0, 0), stats
+    fast, slow = (len(module_calls(run, CONTAINER)["host"]) for run in (no_change_run, full))
+    print(f"\nmodule calls on the host: {fast} with the fast path, {slow} with every task judging")
+    assert fast <= slow
 
 
 def test_a_no_change_site_yml_stays_within_its_module_call_budget(no_change_run):
