@@ -374,3 +374,58 @@ def test_units_per_uid_tells_whose_socket_it_is_without_fd_links():
            "/proc/12/status:Uid:\t0\t0\t0\t0\n/proc/13/status:Uid:\t0\t0\t0\t0\n"
     assert hf.units_per_uid(uids, cgroups) == {
         999: ["sglang-pd-prefill.service", "sglang-pd-router.service"], 0: ["?", "session-1.scope"]}
+
+
+# --- the OS, read by the probes instead of gathered facts -------------------------------------
+
+OS_RELEASES = {
+    "debian-12": ({"etc/os-release": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\n'
+                                     'VERSION_ID="12"\nVERSION="12 (bookworm)"\nVERSION_CODENAME=bookworm\nID=debian\n',
+                   "etc/debian_version": "12.11\n"}, ("debian", "12.11", "12")),
+    "debian-13": ({"etc/os-release": 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\nVERSION_ID="13"\nID=debian\n',
+                   "etc/debian_version": "13.1\n"}, ("debian", "13.1", "13")),
+    "ubuntu-24.04": ({"etc/os-release": 'PRETTY_NAME="Ubuntu 24.04.2 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"\n'
+                                        'VERSION="24.04.2 LTS (Noble Numbat)"\nID=ubuntu\nID_LIKE=debian\n',
+                      "etc/debian_version": "trixie/sid\n"}, ("ubuntu", "24.04", "24")),
+    "ubuntu-22.04": ({"etc/os-release": 'NAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n',
+                      "etc/debian_version": "bookworm/sid\n"}, ("ubuntu", "22.04", "22")),
+    "rhel-9.4": ({"etc/os-release": 'NAME="Red Hat Enterprise Linux"\nVERSION_ID="9.4"\nID="rhel"\n'
+                                    'ID_LIKE="fedora"\n'}, ("redhat", "9.4", "9")),
+    "rocky-9.5": ({"etc/os-release": 'NAME="Rocky Linux"\nVERSION_ID="9.5"\nID="rocky"\n'}, ("rocky", "9.5", "9")),
+}
+
+
+def ansible_setup_os(root: Path, monkeypatch) -> tuple[str, str, str]:
+    """What Ansible's setup reports (distribution lower-cased, version, major) for a host with
+    these files: its own functions (ansible.module_utils.common.sys_info) over its bundled
+    distro module, pointed at the directory instead of /."""
+    from ansible.module_utils import distro
+    from ansible.module_utils.common import sys_info
+
+    d = distro.LinuxDistribution(root_dir=str(root), include_lsb=False, include_uname=False,
+                                  include_oslevel=False)
+    monkeypatch.setattr(sys_info, "distro", d)
+    version = sys_info.get_distribution_version()
+    return sys_info.get_distribution().lower(), version, version.split(".")[0]
+
+
+@pytest.mark.parametrize("name", sorted(OS_RELEASES))
+def test_the_os_is_named_as_ansibles_setup_names_it(name, tmp_path, monkeypatch):
+    files, expected = OS_RELEASES[name]
+    for rel, content in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(content)
+    assert ansible_setup_os(tmp_path, monkeypatch) == expected  # the judge, on these files
+    got = hf.parse_os(files["etc/os-release"], files.get("etc/debian_version", ""), "x86_64\n")
+    assert (got["id"], got["version"], got["major"]) == expected and got["arch"] == "x86_64"
+
+
+def test_collect_reads_the_os_from_the_probes_and_keeps_a_given_os():
+    raw = {"os_release": {"rc": 0, "stdout": OS_RELEASES["debian-12"][0]["etc/os-release"], "stderr": ""},
+           "debian_version": {"rc": 0, "stdout": "12.11", "stderr": ""},
+           "machine": {"rc": 0, "stdout": "aarch64", "stderr": ""}}
+    assert hf.collect(raw)["os"] == {"id": "debian", "version": "12.11", "major": "12", "arch": "aarch64"}
+    given = {"id": "ubuntu", "version": "24.04", "major": "24"}
+    assert hf.collect({**raw, "os": given})["os"] == given
+    # no os-release at all: nothing to name (the verdict then says the OS is not supported)
+    assert hf.collect({})["os"] == {"id": "otherlinux", "version": "", "major": "", "arch": ""}

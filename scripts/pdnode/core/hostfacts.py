@@ -469,6 +469,46 @@ def parse_df(text: str) -> dict[str, Any]:
         return {"mount": None, "avail_bytes": None, "size_bytes": None}
 
 
+# --- the OS ---------------------------------------------------------------------------------
+
+# Ansible's setup names these distributions otherwise than os-release's ID does
+# (ansible.module_utils.common.sys_info.get_distribution); the verdict's "os" line prints the
+# name, so the preflight names them as a gathered run did.
+_ANSIBLE_DISTRIBUTION = {"amzn": "amazon", "rhel": "redhat", "": "otherlinux"}
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    """``/etc/os-release`` (KEY=value lines, values optionally quoted) -> dict."""
+    out: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.strip().partition("=")
+        if not sep or key.startswith("#"):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+def parse_os(os_release: str, debian_version: str = "", machine: str = "") -> dict[str, str]:
+    """The OS as Ansible's setup reports it (distribution lower-cased, distribution_version,
+    distribution_major_version, architecture) from ``/etc/os-release``, ``/etc/debian_version``
+    and ``uname -m``, so the preflight needs no fact gathering. Debian's os-release carries
+    only the major release; Ansible takes the most precise of os-release's VERSION_ID and
+    /etc/debian_version (12 -> 12.11), as here. tests/test_hostfacts.py holds it against
+    Ansible's own reading of the same files; molecule/preflight against setup on a host."""
+    rel = parse_os_release(os_release)
+    dist_id = rel.get("ID", "").strip().lower()
+    dist_id = _ANSIBLE_DISTRIBUTION.get(dist_id, dist_id)
+    version = rel.get("VERSION_ID", "").strip()
+    if dist_id == "debian":
+        m = re.match(r"\s*(\d+(?:\.\d+)*)\s*$", debian_version or "")
+        if m and m.group(1).count(".") > version.count("."):
+            version = m.group(1)
+    return {"id": dist_id, "version": version, "major": version.split(".")[0], "arch": (machine or "").strip()}
+
+
 # --- everything together --------------------------------------------------------------------
 
 def _out(raw: dict[str, Any], key: str) -> tuple[int | None, str, str]:
@@ -483,12 +523,16 @@ def _out(raw: dict[str, Any], key: str) -> tuple[int | None, str, str]:
 def collect(raw: dict[str, Any]) -> dict[str, Any]:
     """Registered probe results (``{name: {rc, stdout, stderr}}``) -> one facts dict.
 
-    Probe names: os (a dict, from Ansible facts), pid1, systemd_dir, query_gpu, smi_q,
+    Probe names: os_release, debian_version, machine (or os: a dict as parse_os returns), pid1, systemd_dir, query_gpu, smi_q,
     topo, proc_version, nvswitch_proc, pci, fabricmanager, cuda, infiniband, tcp, tcp6,
     socket_fds, cgroups, limits, df, model (a dict: path, exists, isdir, config_json).
     Missing probes give empty facts, never an exception.
     """
-    facts: dict[str, Any] = {"os": dict(raw.get("os") or {})}
+    if raw.get("os"):  # given as a dict (tests, callers with facts gathered)
+        os_facts = dict(raw["os"])
+    else:  # read on the host by the probes
+        os_facts = parse_os(_out(raw, "os_release")[1], _out(raw, "debian_version")[1], _out(raw, "machine")[1])
+    facts: dict[str, Any] = {"os": os_facts}
 
     _, pid1, _ = _out(raw, "pid1")
     sd_rc, _, _ = _out(raw, "systemd_dir")
