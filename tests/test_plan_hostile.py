@@ -624,6 +624,12 @@ ROLE_CASES = {
          "venv_ssh": {"mooncake_venv": ROOT_SSH},
          "dest_cron": {"mooncake_wheelhouse_dest": "/etc/cron.hourly"},
          "packages_option": {"mooncake_system_packages": ["--allow-downgrades"]}}),
+    # the wheelhouse both install roles unpack: a controller path, a host directory root empties
+    "wheelhouse": (
+        {"wheelhouse_src": "wheels/x86_64", "wheelhouse_dest": "/opt/sglang-pd/wheelhouse"},
+        {"src_option": {"wheelhouse_src": "-r evil"},
+         "dest_cron": {"wheelhouse_dest": "/etc/cron.hourly"},
+         "dest_dotdot": {"wheelhouse_dest": "/opt/sglang-pd/../../etc"}}),
     "nvidia_driver": (
         {"nvidia_driver_version": "580.159.04", "nvidia_driver_repo_base_url": "https://mirror.example/cuda/repos",
          "nvidia_driver_repo_key_name": "3bf863cc.pub", "nvidia_driver_extra_packages": ["datacenter-gpu-manager"]},

@@ -419,6 +419,9 @@ ROLE_RULES: dict[str, RoleRule] = {
     "mooncake_wheelhouse_dest": RoleRule("", *_HOST_DIR_RULE, "host_dir"),
     "mooncake_system_packages": RoleRule(_DEB_RE, *_DEB_RULE, "each"),
     "mooncake_wheelhouse": RoleRule(_CONTROLLER_RE, *_CONTROLLER_RULE),
+    # wheelhouse: the controller's archive unpacked by root into a host directory
+    "wheelhouse_src": RoleRule(_CONTROLLER_RE, *_CONTROLLER_RULE),
+    "wheelhouse_dest": RoleRule("", *_HOST_DIR_RULE, "host_dir"),
     # nvidia_driver: the deb822 repository file and apt's package list
     "nvidia_driver_version": RoleRule(r"^([0-9]{3,4}(\.[0-9]{1,3}){1,2})?\Z", "must be empty or a driver version "
                                       "such as 580.159.04", "copy it from the repository's package list"),
