@@ -148,29 +148,3 @@ def test_remote_targets_are_not_applicable():
     assert [(i.id, i.url, i.bootstrap_url) for i in run.targets.instances] == [("prefill-0", None, None),
                                                                                 ("decode-0", None, None)]
     assert run.targets.router_url == "http://192.0.2.10:1"
-
-
-def test_admin_key_file_if_present(tmp_path):
-    """The playbook's form: a key file that exists is the admin key (read as --admin-key-file
-    reads it: before any check, so a file others can read stops the run, as with
-    --admin-key-file), a missing one means no key: the run goes on to the (here unreachable)
-    node, as it does without the option. A dangling link is no missing file: refused by name."""
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(minimal_plan(router_port=free_port())))
-    shared = tmp_path / "router-admin-key"
-    shared.write_text("adm-key\n")
-    shared.chmod(0o644)
-    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
-
-    def error(*args: str) -> str:
-        proc = _module("--plan", str(plan), "--json", "--timeout", "2", *args)
-        assert proc.returncode == 2, proc.stderr
-        return json.loads(proc.stdout)["error"]
-
-    assert error("--admin-key-file-if-present", str(shared)).startswith("cannot use the admin key file")
-    assert error("--admin-key-file-if-present", str(shared)) == error("--admin-key-file", str(shared))
-    assert error("--admin-key-file-if-present", str(tmp_path / "dangling")).startswith("cannot use the admin key")
-    missing = error("--admin-key-file-if-present", str(tmp_path / "missing"))
-    assert missing.startswith("node unreachable") and "admin key" not in missing
-    both = _module("--plan", str(plan), "--admin-key-file", str(shared), "--admin-key-file-if-present", str(shared))
-    assert both.returncode == 2 and "not allowed with argument" in both.stderr

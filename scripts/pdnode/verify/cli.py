@@ -64,12 +64,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("client")
     g.add_argument("--api-key-file", help="file holding the API key (read like the services read it: one "
                                           "trailing newline dropped); never pass a key on the command line")
-    admin = g.add_mutually_exclusive_group()
-    admin.add_argument("--admin-key-file", help="file holding the router's control-plane admin key (on the node "
-                                                "<config_dir>/router-admin-key); used for /workers only")
-    admin.add_argument("--admin-key-file-if-present", metavar="FILE",
-                       help="as --admin-key-file when FILE exists; no FILE means no admin key (the playbook's "
-                            "form: the deploy makes the key on the router's host, a router without one has none)")
+    g.add_argument("--admin-key-file", help="file holding the router's control-plane admin key (on the node "
+                                            "<config_dir>/router-admin-key); used for /workers only")
     g.add_argument("--auth-template", default=None,
                    help="Authorization value a client sends, with {key}; default 'Bearer {key}' "
                         "(e.g. '{key}' reproduces a client that omits the word Bearer)")
@@ -94,7 +90,7 @@ def run_with_plan(plan: Mapping[str, Any], args: argparse.Namespace, *, node_add
             router_url=args.router_url, prefill_url=args.prefill_url, decode_url=args.decode_url,
             instance_urls=args.instance_url, bootstrap_urls=args.bootstrap_url,
             router_metrics_url=args.router_metrics_url,
-            api_key_file=args.api_key_file or api_key_file, admin_key_file=_admin_key_file(args),
+            api_key_file=args.api_key_file or api_key_file, admin_key_file=args.admin_key_file,
             auth_template=args.auth_template, timeout_s=args.timeout, overall_s=args.overall_timeout,
             max_tokens=args.max_tokens, skip_burst=args.skip_burst, env=os.environ if env is None else env,
             on_node=on_node if args.on_node is None else bool(args.on_node),
@@ -107,15 +103,6 @@ def run_with_plan(plan: Mapping[str, Any], args: argparse.Namespace, *, node_add
     print(to_json(report) if args.json else to_table(report))
     sys.stdout.flush()
     return report.exit_code
-
-
-def _admin_key_file(args: argparse.Namespace) -> str | None:
-    """--admin-key-file, else --admin-key-file-if-present when that path exists (a link counts, as
-    a stat that does not follow it sees it: a dangling one is then refused by name, not ignored)."""
-    if args.admin_key_file:
-        return args.admin_key_file
-    present = getattr(args, "admin_key_file_if_present", None)
-    return present if present and os.path.lexists(present) else None
 
 
 def _cannot_run(args: argparse.Namespace, why: str) -> int:

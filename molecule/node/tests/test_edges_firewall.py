@@ -1,0 +1,63 @@
+"""The firewall role on the one-host node (its plan disables the firewall): one read
+(pdnode.sglang_pd.node_state) looks for what an earlier multi-host layout left, and the
+removal runs, as one include, only when the read found something. Each kind of leftover
+the read claims to see is planted (the unit, enabled and running; the rules file), the
+phase's playbook must remove it and report the change, and a re-run must change nothing
+and skip the removal. The table itself cannot be planted here: the container has no
+CAP_NET_ADMIN (the cluster scenario loads and checks real tables)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
+UNIT = "sglang-pd-firewall.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+RULES = "/etc/sglang-pd-firewall.nft"
+REMOVAL = "Remove what an earlier multi-host layout left"
+
+
+def firewall_yml(inventory) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
+    env.update(PATH=f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}", ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_NOCOLOR="1")
+    r = subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "firewall.yml")],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, f"firewall.yml failed:\n{r.stdout[-4000:]}\n{r.stderr[-3000:]}"
+    return json.loads(r.stdout[r.stdout.index("{"):])
+
+
+def task_result(record: dict, name: str) -> dict:
+    (found,) = [t["hosts"][CONTAINER] for p in record["plays"] for t in p["tasks"]
+              if t["task"]["name"].endswith(f" : {name}")]
+    return found
+
+
+def plant(host, what: str) -> None:
+    if what == "unit":
+        unit = "[Unit]\\nDescription=left by a multi-host layout\\n[Service]\\nType=oneshot\\nRemainAfterExit=yes\\n" \
+               "ExecStart=/bin/true\\n[Install]\\nWantedBy=multi-user.target\\n"
+        assert host.run(f"printf '{unit}' > {UNIT_PATH} && systemctl daemon-reload && "
+                        f"systemctl enable --now {UNIT}").rc == 0
+        assert host.service(UNIT).is_running and host.service(UNIT).is_enabled
+    else:
+        assert host.run(f"printf 'table inet sglang_pd_pdnode {{}}\\n' > {RULES}").rc == 0
+
+
+@pytest.mark.parametrize("what", ["unit", "rules"])
+def test_what_an_earlier_layout_left_is_seen_removed_and_then_left_alone(host, inventory, what):
+    plant(host, what)
+    first = firewall_yml(inventory)
+    assert first["stats"][CONTAINER]["changed"] > 0, first["stats"]
+    assert not task_result(first, REMOVAL).get("skipped")
+    assert not host.file(UNIT_PATH).exists and not host.file(RULES).exists
+    assert not host.service(UNIT).is_running and not host.service(UNIT).is_enabled
+    again = firewall_yml(inventory)
+    assert again["stats"][CONTAINER]["changed"] == 0, again["stats"]
+    assert task_result(again, REMOVAL).get("skipped")
