@@ -67,12 +67,12 @@ def node_2p2d(d: Path, package: str) -> Iterator[dict[str, Any]]:
 
 
 def drain(n: dict[str, Any], command: str, ids: list[str], timeout_s: float = 120,
-          router: str | None = None) -> tuple[dict[str, Any], list[str]]:
+          router: str | None = None, args: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[str]]:
     """Run `python -m pdnode.node.drain COMMAND` as the Ansible task does (spec on stdin)."""
     spec = {"router": router or n["base"], "admin_key_file": str(n["dir"] / "admin"),
             "api_key_file": str(n["dir"] / "client"), "timeout_s": timeout_s,
             "workers": [n["workers"][i] for i in ids]}
-    r = subprocess.run([sys.executable, "-m", "pdnode.node.drain", command], input=json.dumps(spec), text=True,
+    r = subprocess.run([sys.executable, "-m", "pdnode.node.drain", command, *args], input=json.dumps(spec), text=True,
                        capture_output=True, timeout=600, check=False,
                        env={**os.environ, "PYTHONPATH": str(REPO / "scripts")})
     assert r.returncode == 0, r.stdout + r.stderr
@@ -237,10 +237,18 @@ def test_a_worker_the_plan_no_longer_has_leaves_the_router(tmp_path, package, co
     list) take out what the plan lacks."""
     with node_2p2d(tmp_path, package) as n:
         planned = {i: w for i, w in n["workers"].items() if i != "decode-1"}
+        if command == "reconcile":  # the deploy's read: it names decode-1 and changes nothing
+            check, lines = drain({**n, "workers": planned}, command, list(planned), args=("--check",))
+            assert check["needed"] is True and check["changed"] is False, lines
+            assert check["unplanned"] == [n["workers"]["decode-1"]["url"]] and check["missing"] == [], lines
+            assert listed(n) == set(n["workers"])
         result, lines = drain({**n, "workers": planned}, command, list(planned))
         assert result["removed"] == [n["workers"]["decode-1"]["url"]], lines
         assert listed(n) == set(planned)
         assert result["added"] == []
+        if command == "reconcile":
+            check, lines = drain({**n, "workers": planned}, command, list(planned), args=("--check",))
+            assert check["needed"] is False and check["unplanned"] == check["missing"] == [], lines
 
 
 def test_with_no_router_answering_there_is_nothing_to_do(tmp_path):
@@ -251,10 +259,14 @@ def test_with_no_router_answering_there_is_nothing_to_do(tmp_path):
         for command in ("out", "in", "reconcile"):
             result, lines = drain(n, command, ["prefill-0"], router=dead)
             assert result["changed"] is False and "does not answer" in lines[0], lines
+        result, lines = drain(n, "reconcile", ["prefill-0"], router=dead, args=("--check",))
+        assert result["needed"] is False and "does not answer" in lines[0], lines
         # a new admin key the router does not run with yet (it restarts with it later in the run)
         (tmp_path / "admin").write_text("adm-new:x:y:z\n")
         result, lines = drain(n, "out", ["prefill-0"])
         assert result["changed"] is False and "still runs with an earlier admin key" in lines[0], lines
+        result, lines = drain(n, "reconcile", ["prefill-0"], args=("--check",))
+        assert result["needed"] is True and "still runs with an earlier admin key" in lines[0], lines
         # before the first deploy made the admin key, no router has run with it
         (tmp_path / "admin").rename(tmp_path / "admin.gone")
         result, lines = drain(n, "out", ["prefill-0"])
@@ -291,6 +303,9 @@ def test_a_worker_left_out_is_named_by_verify_and_put_back_by_reconcile(tmp_path
         check = router_check(node)
         assert check.status == "FAIL" and "decode-0" in check.evidence and "not listed" in check.evidence, \
             check.evidence
+        check, lines = drain(n, "reconcile", ["prefill-0", "decode-0"], args=("--check",))
+        assert check["needed"] is True and check["missing"] == ["decode-0"] and check["unplanned"] == [], lines
+        assert router_check(node).status == "FAIL"  # --check put nothing back
         result, lines = drain(n, "reconcile", ["prefill-0", "decode-0"])
         assert result["added"] == ["decode-0"] and any("putting it back" in x for x in lines), lines
         assert router_check(node).status == "PASS"

@@ -7,7 +7,8 @@ installed wheel's (less the package data only the controller reads).
 
 Same sources -> same bytes (sorted names, zero mtimes and owners, gzip without a
 timestamp), so Ansible's copy stays unchanged on a re-run. OUT is rewritten only when
-the content differs. Prints the sha256 of the bundle.
+the content differs. Prints the sha256 of the bundle. The sglang role calls write() in
+Ansible's own process (the lookup pdnode.sglang_pd.pdnode_bundle), once per run.
 """
 
 import gzip
@@ -38,11 +39,8 @@ def build() -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0)
 
 
-def main() -> int:
-    if len(sys.argv) != 2:
-        print("usage: python -m pdnode.commands.bundle OUT.tar.gz", file=sys.stderr)
-        return 2
-    out = Path(sys.argv[1])
+def write(out: Path) -> str:
+    """Pack into OUT (rewritten only when its content differs); the bundle's sha256."""
     data = build()
     if not out.exists() or out.read_bytes() != data:
         # whole or not at all: a deploy running next to this one may be reading OUT
@@ -50,7 +48,14 @@ def main() -> int:
         tmp = out.with_name(f".{out.name}.{os.getpid()}")
         tmp.write_bytes(data)
         os.replace(tmp, out)
-    print(hashlib.sha256(data).hexdigest())
+    return hashlib.sha256(data).hexdigest()
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print("usage: python -m pdnode.commands.bundle OUT.tar.gz", file=sys.stderr)
+        return 2
+    print(write(Path(sys.argv[1])))
     return 0
 
 

@@ -3,6 +3,7 @@
     python -m pdnode.node.drain out        < spec.json   # remove from the router, wait until idle
     python -m pdnode.node.drain in         < spec.json   # add back (the engine is ready)
     python -m pdnode.node.drain reconcile  < spec.json   # the router's list to the plan's (out, then in)
+    python -m pdnode.node.drain reconcile --check < spec.json  # whether reconcile has anything to do
     python -m pdnode.node.drain out-unplanned < spec.json  # `out` for every worker the plan lacks
     python -m pdnode.node.drain hold UNIT SECONDS       # until UNIT has been stopped SECONDS
 
@@ -31,6 +32,12 @@ instance; an interrupted drain left it out). This is how a layout change reaches
 running router: its restart decision ignores the worker list (docs/decisions.md, "The
 router's worker list changes without a restart"). Exit 0 unless the router refused a
 call or a wait ran out.
+`reconcile --check` changes nothing: it names the workers the router lists that the plan
+lacks ("unplanned") and the planned ones it lacks ("missing"), and its last line says
+"needed": true when there is either (the deploy's one read of the host runs it, and runs
+reconcile only then or when it started something). A router that does not answer, or a
+node whose admin key is not made yet, needs nothing (the deploy starts the router, or
+makes the key, and then reconciles anyway); one that refuses the admin key needs it.
 
 Every line of output says what happened to which instance and when (UTC), and how long
 it took; the last line is one JSON object for the caller (`{"changed": ..., ...}`).
@@ -254,8 +261,23 @@ def engine_ready(worker: dict[str, Any], api_key: str | None) -> bool:
     return http("GET", worker["url"].rstrip("/") + "/health", api_key)[0] == 200
 
 
-def run(command: str, spec: dict[str, Any]) -> dict[str, Any]:
+def differences(listed: list[dict[str, Any]], workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """What `reconcile` would do to the router's list LISTED, without doing it."""
+    urls = {w.get("url") for w in listed}
+    planned = {w["url"] for w in workers}
+    unplanned = sorted(u for u in urls if u not in planned)
+    missing = [w["id"] for w in workers if w["url"] not in urls]
+    for url in unplanned:
+        log(f"the router lists {url}, which the plan does not have (reconcile takes it out)")
+    for wid in missing:
+        log(f"{wid} is planned but not in the router's list (reconcile puts it back once its engine is ready)")
+    return {"unplanned": unplanned, "missing": missing, "needed": bool(unplanned or missing)}
+
+
+def run(command: str, spec: dict[str, Any], check: bool = False) -> dict[str, Any]:
     result: dict[str, Any] = {"changed": False, "removed": [], "added": [], "missing": [], "unplanned": []}
+    if check:
+        result["needed"] = False
     admin_file = spec.get("admin_key_file")
     if admin_file and not os.path.exists(admin_file):
         # made by the deploy before the router first starts: no router has run with it yet
@@ -273,10 +295,14 @@ def run(command: str, spec: dict[str, Any]) -> dict[str, Any]:
         # handlers restart the router last): this run restarts the router anyway
         log(f"the router at {router.url} refuses {admin_file}: it still runs with an earlier admin key and "
             f"restarts with this one in this run; no worker to {command}")
+        if check:
+            result["needed"] = True
         return result
     if listed is None:
         log(f"the router at {router.url} does not answer: no worker to {'take out' if command == 'out' else 'add'}")
         return result
+    if check:
+        return {**result, **differences(listed, workers)}
     if command == "out":
         result["removed"] = take_out(router, workers, deadline)
         for w in workers:
@@ -333,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("command", choices=["out", "out-unplanned", "in", "reconcile", "hold"])
     ap.add_argument("unit", nargs="?", help="hold: the stopped unit")
     ap.add_argument("seconds", nargs="?", type=float, help="hold: how long it must have been stopped")
+    ap.add_argument("--check", action="store_true",
+                    help="reconcile only: say whether the router's list differs from the plan's, change nothing")
     args = ap.parse_args(argv)
+    if args.check and args.command != "reconcile":
+        ap.error(f"--check is for reconcile, not {args.command}")
     if args.command == "hold":
         if not args.unit or args.seconds is None:
             ap.error("hold needs UNIT SECONDS")
@@ -341,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         spec = json.load(sys.stdin)
-        result = run(args.command, spec)
+        result = run(args.command, spec, check=args.check)
     except (DrainError, OSError, ValueError, KeyError) as exc:
         print(f"pdnode.drain {args.command}: {exc}", file=sys.stderr)
         return 1
