@@ -147,8 +147,3 @@ def test_a_worker_taken_out_of_the_router_is_put_back(converged, host):
     assert set(workers(host)) == set(before)
     assert changed(deploy(converged)) == 0
 
-
-def test_a_forced_full_deploy_after_them_changes_nothing(converged):
-    record = deploy(converged, "-e", "pdnode_fast_path=false")
-    assert changed(record) == 0, sorted(ran(record))
-    assert len(module_calls(record, CONTAINER)["host"]) > len(NO_CHANGE_CALLS)
