@@ -237,7 +237,8 @@ CASES = [
     ),
     pytest.param(
         {'pdnode_gpu_count': '8'},
-        ["pdnode_gpu_count='8': must be an integer. Fix: write pdnode_gpu_count as an integer (GPUs on the host)."],
+        ["pdnode_gpu_count='8': must be an integer. Fix: write pdnode_gpu_count as an integer (GPUs on the host) unquoted; "
+         "-e pdnode_gpu_count=... is a string too: on the command line give JSON, -e '{\"pdnode_gpu_count\": ...}'."],
         id='type_variable',
     ),
     pytest.param(

@@ -674,3 +674,12 @@ def test_the_role_refuses_an_injection_in_its_own_values(tmp_path, role):
     for host, msg in failed.items():
         name = next(iter(cases[host]))
         assert msg.startswith(f"{name} must") and "\n" not in msg and "fix:" in msg, msg
+
+
+def test_a_string_from_the_command_line_is_told_how_to_pass_json(gpu01_vars):
+    """`ansible-playbook -e pdnode_fast_path=false` hands the plan the string 'false'."""
+    (line,) = _problems(gpu01_vars, {"pdnode_fast_path": "false"})
+    assert line.startswith("pdnode_fast_path='false': must be true or false"), line
+    assert """-e '{"pdnode_fast_path": ...}'""" in line
+    (typed,) = _problems(gpu01_vars, {"pdnode_fast_path": [1]})
+    assert "-e '{" not in typed  # not a string: no command-line hint

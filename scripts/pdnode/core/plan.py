@@ -163,7 +163,11 @@ class _Checker:
                     "str_or_none": "a non-empty string or null", "str": "a non-empty string", "int": "an integer",
                     "float": "a number", "bool": "true or false", "dict": "a mapping",
                     "float_or_none": "a number or null", "instance_list": "a list of instance mappings"}[spec.kind]
-            self.error("variable-type", name, value, f"must be {want}", f"write {name} as {want} ({spec.doc})")
+            fix = f"write {name} as {want} ({spec.doc})"
+            if isinstance(value, str) and spec.kind not in ("str", "str_or_none"):
+                # ansible-playbook -e NAME=VALUE hands every value over as a string
+                fix += f" unquoted; -e {name}=... is a string too: on the command line give JSON, -e '{{\"{name}\": ...}}'"
+            self.error("variable-type", name, value, f"must be {want}", fix)
             return None
         return float(value) if spec.kind == "float" or (spec.kind == "float_or_none" and value is not None) else value
 
