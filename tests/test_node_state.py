@@ -17,16 +17,13 @@ import grp
 import hashlib
 import importlib
 import importlib.util
-import io
-import json
 import os
 import pwd
 import random
 import sys
-from contextlib import redirect_stdout
 from pathlib import Path
 
-import pytest
+from module_runner import load_module, run_module
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = ROOT / "plugins" / "modules" / "node_state.py"
@@ -51,27 +48,13 @@ USERS = [USER] + [n for n in ("daemon", "bin", "nobody") if n != USER and exists
 GROUPS = [GROUP] + [n for n in ("daemon", "bin", "nogroup") if n != GROUP and exists(grp.getgrnam, n)]
 
 
-def run_module(load, args: dict, check: bool = True) -> dict:
-    """Run an Ansible module's main() in this process; returns its JSON result."""
-    from ansible.module_utils import basic
-
-    mod = load()
-    payload = {"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check, "_ansible_diff": False,
-                                       "_ansible_no_log": False, "_ansible_tmpdir": None,
-                                       "_ansible_remote_tmp": "/tmp", "_ansible_keep_remote_files": False}}
-    basic._ANSIBLE_ARGS = json.dumps(payload).encode()
-    basic._ANSIBLE_PROFILE = "legacy"
-    out = io.StringIO()
-    with redirect_stdout(out), pytest.raises(SystemExit):
-        mod.main()
-    return json.loads(out.getvalue())
+def run(load, args: dict) -> dict:
+    """LOAD() gives the module; run it in check mode, in this process."""
+    return run_module(load(), args, check=True)
 
 
 def node_state():
-    spec = importlib.util.spec_from_file_location("node_state", MODULE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(MODULE)
 
 
 def builtin(name: str):
@@ -113,12 +96,12 @@ def test_file_verdicts_agree_with_the_copy_module(tmp_path):
                 "owner": rng.choice(USERS), "group": rng.choice(GROUPS)}
         plant(rng, dest, want, content)
         src.write_text(content)
-        ours = run_module(node_state, {"files": [want]})
+        ours = run(node_state, {"files": [want]})
         if dest.is_dir():
             # copy would put src inside the directory; the roles never ask for that
             assert ours["drift"] == [f"file {dest}: not a regular file"]
             continue
-        copy = run_module(builtin("copy"), {"src": str(src), "dest": str(dest), "mode": want["mode"],
+        copy = run(builtin("copy"), {"src": str(src), "dest": str(dest), "mode": want["mode"],
                                             "owner": want["owner"], "group": want["group"], "remote_src": True})
         assert not copy.get("failed"), copy
         assert bool(ours["drift"]) == copy["changed"], (i, ours["drift"], copy)
@@ -135,12 +118,12 @@ def test_directory_verdicts_agree_with_the_file_module(tmp_path):
         want = {"path": str(path), "mode": rng.choice(["0755", "0750"]),
                 "owner": rng.choice(USERS), "group": rng.choice(GROUPS)}
         plant(rng, path, want, None)
-        ours = run_module(node_state, {"directories": [want]})
+        ours = run(node_state, {"directories": [want]})
         if path.is_file():
             # the file module refuses to turn a file into a directory; so does the role's converge
             assert ours["drift"] == [f"directory {path}: not a directory"]
             continue
-        real = run_module(builtin("file"), {**want, "state": "directory"})
+        real = run(builtin("file"), {**want, "state": "directory"})
         assert bool(ours["drift"]) == real["changed"], (i, ours["drift"], real)
         verdicts.append(real["changed"])
     assert verdicts.count(True) >= 8 and verdicts.count(False) >= 5, verdicts
@@ -158,14 +141,14 @@ def test_account_verdicts_agree_with_the_group_and_user_modules():
                                          ("shell", entry and entry.pw_shell, "/bin/false")):
             if rng.random() < 0.5:
                 want[field] = real_value if (real_value and rng.random() < 0.6) else other
-        real = run_module(builtin("user"), {**want, "create_home": False})
-        ours = run_module(node_state, {"users": [want]})
+        real = run(builtin("user"), {**want, "create_home": False})
+        ours = run(node_state, {"users": [want]})
         assert bool(ours["drift"]) == real["changed"], (i, want, ours["drift"], real)
         verdicts.append(real["changed"])
     assert verdicts.count(True) >= 8 and verdicts.count(False) >= 8, verdicts
     for name in [g.gr_name for g in grp.getgrall()][:5] + ["pdnode-no-such-group"]:
-        real = run_module(builtin("group"), {"name": name})
-        ours = run_module(node_state, {"groups": [name]})
+        real = run(builtin("group"), {"name": name})
+        ours = run(node_state, {"groups": [name]})
         assert bool(ours["drift"]) == real["changed"], (name, ours["drift"], real)
 
 
@@ -173,7 +156,7 @@ def test_reads_finds_and_commands_report_without_judging(tmp_path):
     (tmp_path / "marker").write_text("release-1")
     for name in ("sglang-pd-prefill-0.service", "sglang-pd-decode-1.service", "other.service"):
         (tmp_path / name).write_text("")
-    result = run_module(node_state, {
+    result = run(node_state, {
         "read": [str(tmp_path / "marker"), str(tmp_path / "absent")],
         "find": {"engines": {"path": str(tmp_path), "pattern": r"sglang-pd-(prefill|decode)-\d+\.service"},
                  "none": {"path": str(tmp_path / "absent"), "pattern": ".*"}},
@@ -190,11 +173,11 @@ def test_reads_finds_and_commands_report_without_judging(tmp_path):
 
 
 def test_a_malformed_query_is_one_message_naming_it(tmp_path):
-    bad_find = run_module(node_state, {"find": {"units": {"path": str(tmp_path)}}})
+    bad_find = run(node_state, {"find": {"units": {"path": str(tmp_path)}}})
     assert bad_find["failed"] and "find.units" in bad_find["msg"] and "fix:" in bad_find["msg"]
-    bad_cmd = run_module(node_state, {"commands": {"ports": {"argv": []}}})
+    bad_cmd = run(node_state, {"commands": {"ports": {"argv": []}}})
     assert bad_cmd["failed"] and "commands.ports" in bad_cmd["msg"] and "fix:" in bad_cmd["msg"]
-    bad_re = run_module(node_state, {"find": {"units": {"path": str(tmp_path), "pattern": "("}}})
+    bad_re = run(node_state, {"find": {"units": {"path": str(tmp_path), "pattern": "("}}})
     assert bad_re["failed"] and "find.units.pattern" in bad_re["msg"]
 
 
@@ -216,7 +199,7 @@ def test_an_http_check_names_what_it_got(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}"
     try:
-        result = run_module(node_state, {"http": [
+        result = run(node_state, {"http": [
             {"url": f"{base}/metrics", "line": "reloaded 1"},
             {"url": f"{base}/metrics", "line": "reloaded 0"},
             {"url": f"{base}/missing"},

@@ -6,17 +6,15 @@ lost to an interrupted deploy. Runs the module in this process (no host needed).
 from __future__ import annotations
 
 import grp
-import importlib.util
-import io
 import json
 import os
 import pwd
 import subprocess
 import sys
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
+from module_runner import load_module, run_module
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = ROOT / "plugins" / "modules" / "pd_services_files.py"
@@ -33,21 +31,10 @@ GROUP = grp.getgrgid(os.getgid()).gr_name
 
 def run(args: dict, check: bool = False, diff: bool = False, patch=None) -> dict:
     """Run the module in-process; returns its JSON result."""
-    from ansible.module_utils import basic
-
-    spec = importlib.util.spec_from_file_location("pd_services_files", MODULE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_module(MODULE)
     if patch:
         patch(mod)
-    payload = {"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check, "_ansible_diff": diff,
-                                       "_ansible_no_log": False}}
-    basic._ANSIBLE_ARGS = json.dumps(payload).encode()
-    basic._ANSIBLE_PROFILE = "legacy"
-    out = io.StringIO()
-    with redirect_stdout(out), pytest.raises(SystemExit):
-        mod.main()
-    return json.loads(out.getvalue())
+    return run_module(mod, args, check=check, diff=diff)
 
 
 def fspec(path: Path, content: str, **kw) -> dict:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
+from test_monitoring import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
@@ -81,16 +81,6 @@ def state(host) -> dict:
 def gauge(host) -> str | None:
     out = host.run("curl -sS --max-time 5 %s/metrics", PROMETHEUS).stdout
     return next((line.split()[1] for line in out.splitlines() if line.startswith(GAUGE + " ")), None)
-
-
-def wait_for(check, timeout_s: float = 120, every_s: float = 1):
-    """check() until true, or its last value after the timeout (ends as soon as it holds)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(every_s)
 
 
 @pytest.fixture(scope="module")
