@@ -172,6 +172,21 @@ def test_reads_finds_and_commands_report_without_judging(tmp_path):
     assert result["commands"]["fails"]["rc"] == 3
 
 
+def test_a_command_that_exits_without_reading_its_stdin_is_an_answer_not_a_failure(tmp_path):
+    """A fresh host in check mode has no release python yet: env answers 127 at once and never
+    reads the spec on its stdin. That is the command's answer (rc 127), not a failed read.
+    1 MiB of stdin is more than a pipe holds, so the writer always finds the pipe closed."""
+    spec = "x" * (1 << 20)
+    result = run(node_state, {"commands": {
+        "missing": {"argv": ["env", str(tmp_path / "no-python"), "-m", "x"], "stdin": spec},
+        "quits": {"argv": [sys.executable, "-c", "raise SystemExit(4)"], "stdin": spec},
+        "not_a_program": {"argv": [str(tmp_path / "absent")], "stdin": spec}}})
+    assert not result.get("failed"), result.get("msg")
+    assert result["commands"]["missing"]["rc"] == 127
+    assert result["commands"]["quits"]["rc"] == 4
+    assert result["commands"]["not_a_program"]["rc"] == 127
+
+
 def test_a_malformed_query_is_one_message_naming_it(tmp_path):
     bad_find = run(node_state, {"find": {"units": {"path": str(tmp_path)}}})
     assert bad_find["failed"] and "find.units" in bad_find["msg"] and "fix:" in bad_find["msg"]

@@ -110,6 +110,7 @@ import os
 import pwd
 import re
 import stat
+import subprocess
 import urllib.error
 import urllib.request
 
@@ -271,10 +272,22 @@ def run_commands(module: AnsibleModule, commands: dict) -> dict:
     for key, command in commands.items():
         if not isinstance(command, dict) or not isinstance(command.get("argv"), list) or not command["argv"]:
             module.fail_json(msg=f"commands.{key} is {command!r}; fix: give it as {{argv: [PROGRAM, ARG, ...]}}")
-        rc, out, err = module.run_command([str(a) for a in command["argv"]], data=command.get("stdin"),
-                                          binary_data=True)
-        results[key] = {"rc": rc, "stdout": out, "stderr": err}
+        results[key] = run_command(command["argv"], command.get("stdin"))
     return results
+
+
+def run_command(argv: list, stdin: str | None) -> dict:
+    """rc, stdout and stderr of ARGV. Not module.run_command: it fails the whole module when
+    the program exits before reading all its stdin (EPIPE), as a missing release python
+    does under env (rc 127) on a fresh host in check mode; communicate() takes that as the
+    program's answer. A program that cannot be started answers 127, as a shell would."""
+    try:
+        feed = {"stdin": subprocess.DEVNULL} if stdin is None else {"input": stdin.encode()}
+        done = subprocess.run([str(a) for a in argv], capture_output=True, check=False, **feed)
+    except OSError as exc:
+        return {"rc": 127, "stdout": "", "stderr": f"{argv[0]}: {exc.strerror}"}
+    return {"rc": done.returncode, "stdout": done.stdout.decode(errors="replace"),
+            "stderr": done.stderr.decode(errors="replace")}
 
 
 def main() -> None:
