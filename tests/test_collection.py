@@ -132,6 +132,22 @@ def test_the_controller_directory_of_a_checkout_and_of_an_installed_collection(t
     assert resources.controller_root(str(own)) == tmp_path
 
 
+def test_inventory_paths_resolve_against_the_controller_directory(tmp_path, monkeypatch):
+    """The one rule the playbooks apply to pdnode_wheelhouse and pdnode_api_key_file, through
+    the filter they call: unset stays empty, absolute stays, relative goes under the root."""
+    from plugins.filter.resources import FilterModule
+
+    resolve = FilterModule().filters()["pdnode_controller_path"]
+    checkout = str(ROOT / "playbooks")
+    assert resolve(None, checkout) == "" and resolve("", checkout) == ""
+    assert resolve("/srv/wheels", checkout) == "/srv/wheels"
+    assert resolve(".cache/wheelhouse/cp311-sim", checkout) == str(ROOT / ".cache/wheelhouse/cp311-sim")
+    own = tmp_path / "site" / "playbooks"  # the installed collection's case: the current directory
+    own.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert resolve(".secrets/key", str(own)) == str(tmp_path / ".secrets/key")
+
+
 def test_the_node_programs_come_from_the_imported_package():
     drain = resources.module_file("pdnode.node.drain")
     assert drain.parents[1] == Path(resources.__file__).parents[1] and drain.read_text().startswith('"""')

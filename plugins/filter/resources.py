@@ -18,6 +18,12 @@ def pdnode_controller_root(playbook_dir: str) -> str:
     return str(resources.controller_root(str(playbook_dir)))
 
 
+def pdnode_controller_path(path: str | None, playbook_dir: str) -> str:
+    """An inventory path setting -> '' when unset, else absolute (relative: under the
+    controller's directory for PLAYBOOK_DIR's playbooks)."""
+    return resources.controller_path(None if path is None else str(path), str(playbook_dir))
+
+
 def pdnode_module_file(module: str) -> str:
     """'pdnode.node.drain' -> the file of that module in the pdnode package Ansible imports."""
     return str(resources.module_file(str(module)))
@@ -30,5 +36,6 @@ def pdnode_resource(path: str) -> str:
 
 class FilterModule:
     def filters(self):
-        return {"pdnode_controller_root": pdnode_controller_root, "pdnode_module_file": pdnode_module_file,
+        return {"pdnode_controller_root": pdnode_controller_root, "pdnode_controller_path": pdnode_controller_path,
+                "pdnode_module_file": pdnode_module_file,
                 "pdnode_resource": pdnode_resource}

@@ -76,3 +76,14 @@ def controller_root(playbook_dir: str) -> Path:
     if (root / "galaxy.yml").is_file() and (root / "scripts" / "pdnode").is_dir():
         return root
     return Path(os.getcwd())
+
+
+def controller_path(path: str | None, playbook_dir: str) -> str:
+    """An inventory path setting (a wheelhouse, a key file) as the host's roles get it:
+    unset stays empty, an absolute path stays, a relative one is under the controller's
+    directory for the playbooks in PLAYBOOK_DIR."""
+    if not path:
+        return ""
+    if os.path.isabs(path):
+        return str(path)
+    return str(controller_root(playbook_dir) / path)
