@@ -104,6 +104,17 @@ def test_the_same_wheelhouse_is_not_unpacked_again_and_another_is(host, tmp_path
     assert _changed(tmp_path) == 0
 
 
+def test_a_host_converged_by_an_earlier_release_loses_the_old_copies(host, tmp_path):
+    """Earlier releases left the mooncake role's own copy of the wheels and the sglang role's
+    archive, and no marker: the first run with the wheelhouse role removes both, once."""
+    old_copy = HOST_WHEELHOUSE.rsplit("/", 1)[0] + "/wheelhouse-mooncake"
+    host.run(f"mkdir -p {old_copy} && touch {old_copy}/old.whl {HOST_WHEELHOUSE}.tar && rm -f {MARKER}")
+    assert _changed(tmp_path) > 0
+    assert not host.file(old_copy).exists and not host.file(f"{HOST_WHEELHOUSE}.tar").exists
+    assert _host_names(host) == sorted([*_archive_names(), ".pdnode-wheelhouse"])
+    assert _changed(tmp_path) == 0
+
+
 def test_a_directory_of_wheels_alone_is_refused_before_any_change(host, tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
