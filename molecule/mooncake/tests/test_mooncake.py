@@ -79,6 +79,12 @@ def _host_names(host) -> list[str]:
     return sorted(host.run(f"ls -A {HOST_WHEELHOUSE}").stdout.split())
 
 
+def _listing(host) -> str:
+    """Each entry's name, size, mode and mtime: what a change would alter. Not `ls`'s block
+    total: the filesystem may still be trimming the blocks of files the last test unpacked."""
+    return host.run(f"find {HOST_WHEELHOUSE} -printf '%P %s %m %T@\\n' | sort").stdout
+
+
 def test_the_host_holds_the_controllers_wheelhouse_once(host):
     stamp = (WHEELHOUSE / ".stamp").read_text().strip()
     assert host.file(MARKER).content_string == stamp
@@ -119,7 +125,8 @@ def test_a_directory_of_wheels_alone_is_refused_before_any_change(host, tmp_path
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     (wheels / "a-1.0-py3-none-any.whl").write_text("")
-    before = host.run(f"ls -A --full-time {HOST_WHEELHOUSE}").stdout
+    before = _listing(host)
+    assert ".pdnode-wheelhouse " in before, before
     rc, report = _run_converge(tmp_path, "-e", f"mooncake_wheelhouse={wheels}")
     assert rc != 0
     failed = [(task["task"]["name"], result.get("msg", "")) for task in report["plays"][0]["tasks"]
@@ -130,4 +137,4 @@ def test_a_directory_of_wheels_alone_is_refused_before_any_change(host, tmp_path
     assert msg.startswith(f"wheelhouse_src='{wheels}' (pdnode_wheelhouse, or the role's *_wheelhouse): its .stamp"), msg
     assert "fix: build it with scripts/wheelhouse" in msg and "\n" not in msg, msg
     assert report["stats"][CONTAINER]["changed"] == 0
-    assert host.run(f"ls -A --full-time {HOST_WHEELHOUSE}").stdout == before
+    assert _listing(host) == before
