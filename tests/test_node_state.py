@@ -102,7 +102,7 @@ def test_file_verdicts_agree_with_the_copy_module(tmp_path):
             assert ours["drift"] == [f"file {dest}: not a regular file"]
             continue
         copy = run(builtin("copy"), {"src": str(src), "dest": str(dest), "mode": want["mode"],
-                                            "owner": want["owner"], "group": want["group"], "remote_src": True})
+                                     "owner": want["owner"], "group": want["group"], "remote_src": True})
         assert not copy.get("failed"), copy
         assert bool(ours["drift"]) == copy["changed"], (i, ours["drift"], copy)
         verdicts.append(copy["changed"])

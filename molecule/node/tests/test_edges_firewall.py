@@ -8,14 +8,11 @@ CAP_NET_ADMIN (the cluster scenario loads and checks real tables)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-from pathlib import Path
 
 import pytest
+from playbook_record import run_playbook
 
-REPO = Path(__file__).resolve().parents[3]
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 UNIT = "sglang-pd-firewall.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
@@ -24,13 +21,7 @@ REMOVAL = "Remove what an earlier multi-host layout left"
 
 
 def firewall_yml(inventory) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
-    env.update(PATH=f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}", ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_NOCOLOR="1")
-    r = subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "firewall.yml")],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert r.returncode == 0, f"firewall.yml failed:\n{r.stdout[-4000:]}\n{r.stderr[-3000:]}"
-    return json.loads(r.stdout[r.stdout.index("{"):])
+    return run_playbook(inventory, "playbooks/firewall.yml")
 
 
 def task_result(record: dict, name: str) -> dict:

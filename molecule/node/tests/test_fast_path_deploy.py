@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
+from playbook_record import run_playbook
 from test_no_change_budget import module_calls
 
-REPO = Path(__file__).resolve().parents[3]
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 PREFIX = "sglang-pd"
 CFG = "/etc/sglang-pd"
@@ -36,13 +34,7 @@ NO_CHANGE_CALLS = [
 
 
 def deploy(inventory, *args: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
-    env.update(PATH=f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}", ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_NOCOLOR="1")
-    r = subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks/deploy.yml"), *args],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
-    assert r.returncode == 0, f"deploy.yml failed:\n{r.stdout[-4000:]}\n{r.stderr[-3000:]}"
-    return json.loads(r.stdout[r.stdout.index("{"):])
+    return run_playbook(inventory, "playbooks/deploy.yml", *args)
 
 
 def changed(record: dict) -> int:

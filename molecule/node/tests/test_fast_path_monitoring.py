@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-from pathlib import Path
 
 import pytest
+from playbook_record import make_report_dirs, run_playbook
 from test_monitoring import wait_for
 
-REPO = Path(__file__).resolve().parents[3]
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 PROMETHEUS = "http://127.0.0.1:9090"
 NODE_EXPORTER_DEFAULT = "/etc/default/prometheus-node-exporter"
@@ -40,17 +38,8 @@ GAUGE = "prometheus_config_last_reload_successful"
 
 
 def run_monitoring(inventory, *args: str) -> dict:
-    """playbooks/monitoring.yml against the instance; Ansible's JSON record of the run
-    (the ansible.posix.json callback) with the exit code under "rc"."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
-    env.update(PATH=f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}", ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_NOCOLOR="1")
-    r = subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "monitoring.yml"), *args],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert "{" in r.stdout, f"no JSON record:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    record = json.loads(r.stdout[r.stdout.index("{"):])
-    record["rc"] = r.returncode
-    return record
+    """playbooks/monitoring.yml against the instance (it may fail: "rc" says so)."""
+    return run_playbook(inventory, "playbooks/monitoring.yml", *args, must_pass=False)
 
 
 def results(record: dict, name: str) -> list[dict]:
@@ -87,8 +76,7 @@ def gauge(host) -> str | None:
 def converged(host, inventory) -> dict:
     """The host as the role makes it: a first run must change nothing and run no Prometheus
     task (the converge of the scenario left it so), and the state it leaves."""
-    for report in ("preflight", "verify"):
-        (REPO / ".cache" / report).mkdir(parents=True, exist_ok=True)
+    make_report_dirs()
     record = run_monitoring(inventory)
     assert record["rc"] == 0 and changed(record) == 0, record["stats"]
     assert drift(record) == []

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-from pathlib import Path
 
 import pytest
+from playbook_record import make_report_dirs, run_playbook
 
-REPO = Path(__file__).resolve().parents[3]
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 # Actions that run inside the controller's process: no module, no round trip.
 IN_PROCESS = {"set_fact", "assert", "debug", "fail", "meta", "include_tasks", "include_role", "import_tasks",
@@ -56,21 +54,12 @@ def module_calls(record: dict, host: str) -> dict[str, list[str]]:
 
 def site_yml(inventory, *extra: str) -> dict:
     """One site.yml on the node; Ansible's JSON record of it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
-    env.update(PATH=f"{REPO / '.venv' / 'bin'}:{env.get('PATH', '')}", ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_NOCOLOR="1")
-    r = subprocess.run(["ansible-playbook", "-i", str(inventory), str(REPO / "site.yml"), *extra], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=900, check=False)
-    assert r.returncode == 0, f"site.yml {' '.join(extra)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-3000:]}"
-    return json.loads(r.stdout[r.stdout.index("{"):])
+    return run_playbook(inventory, "site.yml", *extra)
 
 
 @pytest.fixture(scope="module")
 def no_change_run(inventory):
-    # The converge ran from the scenario, so the checkout's own report directories may not
-    # exist yet (a fresh clone): making them is a first run's work, not a no-change run's.
-    for report in ("preflight", "verify"):
-        (REPO / ".cache" / report).mkdir(parents=True, exist_ok=True)
+    make_report_dirs()
     return site_yml(inventory)
 
 

@@ -361,7 +361,7 @@ def _api_key(plan: Mapping[str, Any]) -> str | None:
     path = (plan.get("settings") or {}).get("pdnode_api_key_file")
     if not path:
         return None
-    full = Path(path) if Path(path).is_absolute() else REPO / path
+    full = REPO / path  # an absolute path stays as it is (pathlib)
     try:
         return read_secret_file(str(full))
     except SecretError as exc:

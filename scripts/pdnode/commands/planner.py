@@ -53,7 +53,7 @@ def _kv_bytes(args: argparse.Namespace, settings: Mapping[str, Any], repo: Path)
         return SIM_KV_BYTES_PER_TOKEN, "the stand-in's fake model"
     path = settings.get("pdnode_model_controller_path")
     if isinstance(path, str) and path:
-        cfg_file = (repo / path / "config.json") if not Path(path).is_absolute() else Path(path) / "config.json"
+        cfg_file = repo / path / "config.json"  # an absolute path stays as it is (pathlib)
         try:
             cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
         except (OSError, ValueError):

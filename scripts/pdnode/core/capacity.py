@@ -284,7 +284,7 @@ def weight_bytes(settings: dict[str, Any], repo_root: Path) -> tuple[int, str] |
     if not isinstance(path, str) or not path:
         raise WeightsError("capacity-model-dir", "pdnode_model_controller_path", path, "is not a directory path",
                            "give a directory with the model's config.json and model.safetensors.index.json, or null")
-    full = Path(path) if Path(path).is_absolute() else repo_root / path
+    full = repo_root / path  # an absolute path stays as it is (pathlib)
     try:
         found = weight_bytes_from_dir(full)
     except ValueError as exc:

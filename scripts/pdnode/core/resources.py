@@ -82,8 +82,4 @@ def controller_path(path: str | None, playbook_dir: str) -> str:
     """An inventory path setting (a wheelhouse, a key file) as the host's roles get it:
     unset stays empty, an absolute path stays, a relative one is under the controller's
     directory for the playbooks in PLAYBOOK_DIR."""
-    if not path:
-        return ""
-    if os.path.isabs(path):
-        return str(path)
-    return str(controller_root(playbook_dir) / path)
+    return str(controller_root(playbook_dir) / path) if path else ""  # absolute stays (pathlib)
