@@ -29,6 +29,7 @@ from pdnode.commands import bench, bench_report
 from pdnode.node import bench_counters
 from pdnode.commands.cli import main as pdnode_main
 from pdnode.verify.metrics import parse
+from standin.node import dp_attention_clear, free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "sk-bench-3f9a1c77"  # the integration node's (a test value)
@@ -419,23 +420,63 @@ def test_unknown_counters_and_failures_are_said_in_notes() -> None:
 
 
 # --- integration: the real client, router and stand-ins ------------------------------------------
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _status(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - the test node's own URL
             return r.status
     except OSError:
         return 0
+
+
+# in bench_node_variables' ports: the decode with DP attention (it binds port+233..+239), the router
+DECODE_PORT_INDEX, ROUTER_PORT_INDEX = 4, 5
+
+
+def bench_node_variables(model: Path, root: Path, key_file: Path, ports: list[int]) -> dict[str, Any]:
+    """The local node's inventory: 2 prefills and a decode with DP attention, on PORTS
+    (p0, b0, p1, b1, d0, router, metrics, n0, n1, n2)."""
+    p0, b0, p1, b1, d0, router, metrics, n0, n1, n2 = ports
+    return {
+        "pdnode_gpu_count": 8, "pdnode_gpu_model": "NVIDIA H200 (stand-in)", "pdnode_engine": "sim",
+        "pdnode_model_path": str(model), "pdnode_model_served_name": "demo-moe", "pdnode_model_kind": "moe_mla",
+        "pdnode_transfer_backend": "mooncake_tcp", "pdnode_router_host": "127.0.0.1", "pdnode_router_port": router,
+        "pdnode_router_metrics_port": metrics, "pdnode_sim_decode_ms_per_token": 2.0,
+        "pdnode_install_root": str(root), "pdnode_api_key_file": str(key_file),
+        "pdnode_sim_prefill_ms_per_token": 0.01, "pdnode_sim_startup_s": 0.0,
+        "pdnode_prefill_instances": [{"gpus": [0, 1], "port": p0, "bootstrap_port": b0, "nccl_port": n0},
+                                     {"gpus": [2, 3], "port": p1, "bootstrap_port": b1, "nccl_port": n1}],
+        "pdnode_decode_instances": [{"gpus": [4, 5, 6, 7], "attn_dp_size": 4, "ep_size": 4, "port": d0,
+                                     "nccl_port": n2}],
+    }
+
+
+def test_the_test_nodes_port_draw_refuses_exactly_what_the_plan_refuses(tmp_path: Path) -> None:
+    """free_ports redraws a set that build_plan would refuse (a decode's port+233..+239 on
+    another port, or past 65535). Its rule is a copy, so it is compared with the plan's own
+    verdict: every other port at every offset around the decode's range, and the top edge."""
+    from pdnode.core.plan import PlanError, build_plan
+
+    base = [20000 + 10 * i for i in range(10)]
+    cases = []
+    for other in (i for i in range(10) if i != DECODE_PORT_INDEX):
+        for offset in range(230, 243):
+            ports = list(base)
+            ports[DECODE_PORT_INDEX] = 40000
+            ports[other] = 40000 + offset
+            cases.append(ports)
+    for top in (65290, 65296, 65297, 65300):
+        cases.append([*base[:DECODE_PORT_INDEX], top, *base[DECODE_PORT_INDEX + 1:]])
+    verdicts = {True: 0, False: 0}
+    for ports in cases:
+        variables = bench_node_variables(tmp_path, Path("/opt/pdnode-test"), tmp_path / "key", ports)
+        try:
+            build_plan(variables, "benchnode")
+            accepted = True
+        except PlanError:
+            accepted = False
+        assert dp_attention_clear(ports, [DECODE_PORT_INDEX]) == accepted, ports
+        verdicts[accepted] += 1
+    assert verdicts[True] and verdicts[False]  # both verdicts were exercised
 
 
 @contextlib.contextmanager
@@ -454,25 +495,14 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     scratch = Path(tempfile.mkdtemp(prefix="pdnode-test-bench-", dir="/opt"))
     root = scratch / "root"
     (model / "config.json").write_text((REPO / "playbooks/files/demo-moe/config.json").read_text())
-    p0, b0, p1, b1, d0, router, metrics, n0, n1, n2 = _free_ports(10)
     key_file = tmp / "api-key"  # every service requires it: the client must send it
     key_file.write_text(API_KEY + "\n")
     key_file.chmod(0o600)
     inv = tmp / "inv"
     (inv / "group_vars" / "all").mkdir(parents=True)
     (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"benchnode": {"ansible_connection": "local"}}}}))
-    (inv / "group_vars" / "all" / "node.yml").write_text(yaml.safe_dump({
-        "pdnode_gpu_count": 8, "pdnode_gpu_model": "NVIDIA H200 (stand-in)", "pdnode_engine": "sim",
-        "pdnode_model_path": str(model), "pdnode_model_served_name": "demo-moe", "pdnode_model_kind": "moe_mla",
-        "pdnode_transfer_backend": "mooncake_tcp", "pdnode_router_host": "127.0.0.1", "pdnode_router_port": router,
-        "pdnode_router_metrics_port": metrics, "pdnode_sim_decode_ms_per_token": 2.0,
-        "pdnode_install_root": str(root), "pdnode_api_key_file": str(key_file),
-        "pdnode_sim_prefill_ms_per_token": 0.01, "pdnode_sim_startup_s": 0.0,
-        "pdnode_prefill_instances": [{"gpus": [0, 1], "port": p0, "bootstrap_port": b0, "nccl_port": n0},
-                                     {"gpus": [2, 3], "port": p1, "bootstrap_port": b1, "nccl_port": n1}],
-        "pdnode_decode_instances": [{"gpus": [4, 5, 6, 7], "attn_dp_size": 4, "ep_size": 4, "port": d0,
-                                     "nccl_port": n2}],
-    }))
+    ports = free_ports(10, dp_attention_at=[DECODE_PORT_INDEX])
+    (inv / "group_vars" / "all" / "node.yml").write_text(yaml.safe_dump(bench_node_variables(model, root, key_file, ports)))
     hv = load_inventory(str(inv), None)
     plan = build_plan(hv.variables, hv.host).as_dict()
     venv = Path(plan["install"]["venv"])
@@ -499,7 +529,7 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
                                           env={**env, **svc.get("environment", {})}, start_new_session=True))
         deadline = time.monotonic() + 90
-        while _status(f"http://127.0.0.1:{router}/readiness") != 200:
+        while _status(f"http://127.0.0.1:{ports[ROUTER_PORT_INDEX]}/readiness") != 200:
             dead = [p.args for p in procs if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 tails = "\n".join(f"--- {f.name}\n" + Path(f.name).read_text(errors="replace")[-1500:] for f in logs)

@@ -54,8 +54,27 @@ class NodeError(RuntimeError):
     pass
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
+def free_ports(n: int, dp_attention_at: Sequence[int] = ()) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (bound together, then released).
+
+    The ports at the indexes in DP_ATTENTION_AT go to instances with DP attention, which also
+    bind port+233..+239: build_plan refuses a set where those hit another port, so such a
+    draw is drawn again (a random draw does that about once in 500 suites)."""
+    for _ in range(50):
+        got = _bind_free(n)
+        if dp_attention_clear(got, dp_attention_at):
+            return got
+    raise NodeError(f"no {n} free ports without a DP-attention overlap in 50 draws")
+
+
+def dp_attention_clear(ports: Sequence[int], dp_attention_at: Sequence[int]) -> bool:
+    """Whether build_plan accepts PORTS where those at DP_ATTENTION_AT also bind port+233..+239
+    (a copy of the plan's rule for speed; tests/test_bench.py compares it with build_plan)."""
+    taken = {ports[i] + k for i in dp_attention_at for k in range(233, 240)}
+    return not taken & set(ports) and all(ports[i] + 239 <= 65535 for i in dp_attention_at)
+
+
+def _bind_free(n: int) -> list[int]:
     socks = []
     try:
         for _ in range(n):

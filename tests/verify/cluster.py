@@ -75,17 +75,6 @@ class Cluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _ports(n: int, decode_at: range) -> list[int]:
-    """n free ports; none inside a decode's port+233..+239 (an instance with DP attention
-    binds those too, and build_plan refuses the overlap)."""
-    for _ in range(50):
-        got = free_ports(n)
-        taken = {got[i] + k for i in decode_at for k in range(233, 240)}
-        if not taken & set(got):
-            return got
-    raise NodeError("no set of free ports without an overlap in 50 draws")
-
-
 def _layout(role: str, gpus: Sequence[int]) -> dict[str, Any]:
     """The ServerArgs layout of an instance on GPUS (as the 2P1D inventory has it)."""
     n = len(gpus)
@@ -105,7 +94,7 @@ def standin_cluster(directory: str | os.PathLike[str], *, prefills: Sequence[Seq
     model_dir = root / "model"
     model_dir.mkdir(exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
-    ports = iter(_ports(2 * len(prefills) + len(decodes) + 2, decode_at=range(2 * len(prefills),
+    ports = iter(free_ports(2 * len(prefills) + len(decodes) + 2, dp_attention_at=range(2 * len(prefills),
                                                                                2 * len(prefills) + len(decodes))))
     members: dict[str, Member] = {}
     common = {"host": "127.0.0.1", "model_path": str(model_dir), "served_model_name": served_model_name,
