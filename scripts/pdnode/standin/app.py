@@ -100,10 +100,9 @@ async def serve(settings: Settings, launch_command: str) -> int:
                  VERSION, s.mode, s.host, s.port, s.model_path, s.served_model_name,
                  s.tp_size, s.dp_size, s.attn_dp_size, s.ep_size)
         if s.mode != "null":
-            pace = settings.sim.kv_gb_s
-            log.info("KV hand-off over %s (the environment's choice for Mooncake); the bytes cross loopback TCP%s",
-                     settings.sim.kv_path(s.transfer_backend),
-                     f", paced to at most {pace:g} GB/s" if pace else "")
+            log.info("KV hand-off over %s (the environment's choice for Mooncake); the bytes cross loopback TCP, "
+                     "the time reported is simulated at %g GB/s", settings.sim.kv_path(s.transfer_backend),
+                     settings.sim.kv_speed_gb_s(s.transfer_backend))
         if s.mode == "prefill":
             bootstrap = BootstrapServer(s.host, s.bootstrap_port)
             try:

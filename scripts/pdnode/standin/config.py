@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from .faults import FaultError, parse_faults
 from .rendezvous import DEFAULT_TIMEOUT_S, parse_dist_init_addr
+from ..core.kv_path import SPEEDS
 from ..core.plan import known_server_args
 from ..node.secrets import SecretError, read_secret_file
 
@@ -102,7 +103,7 @@ class SimSettings:
     heartbeat_interval_s: float = 5.0
     heartbeat_max_failure: int = 2
     # The hand-off's path as the engine's environment selects it for Mooncake
-    # (kv_transport) and the speed the stand-in paces it to (kv_gb_s; None: loopback's own).
+    # (kv_transport) and its simulated speed (kv_gb_s; None: the path's own figure).
     kv_transport: str = ""
     kv_gb_s: float | None = None
 
@@ -114,6 +115,11 @@ class SimSettings:
         if self.kv_transport:
             return self.kv_transport
         return "tcp" if transfer_backend == "mooncake_tcp" else "rdma"
+
+    def kv_speed_gb_s(self, transfer_backend: str) -> float:
+        """The hand-off's simulated speed: the plan's for its path (PDNODE_SIM_KV_GB_S), or
+        the path's own figure (pdnode.core.kv_path) when the stand-in runs without a plan."""
+        return self.kv_gb_s or SPEEDS[self.kv_path(transfer_backend)][0]
 
     @property
     def max_total_num_tokens(self) -> int:

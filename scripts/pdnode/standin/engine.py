@@ -15,6 +15,14 @@ Counters follow SGLang: both sides count prompt tokens and requests when a reque
 finishes; prefill counts one generated token per request (the token its forward pass
 produced), decode counts them all; TTFT and ITL are observed only where tokens stream
 (decode/unified), the KV transfer metrics on the prefill, bootstrap timings on both.
+
+Latencies are simulated GPU time, not the CPU's clock (scheduler.py): a request's TTFT
+is its prefill's time on the prefill rank's timeline (queue and passes) plus the KV
+hand-off at the path's speed, both sent to decode with the KV's status, plus its wait for
+a place in the decode batch; each later token comes one decode step of the timeline
+after the one before. The handshakes between the engines (bootstrap, transfer info) are
+host work and add nothing. So a busy machine reports what an idle one does; only the
+bootstrap and allocation timings, which SGLang spends on the host, stay wall-clock.
 """
 
 from __future__ import annotations
@@ -72,6 +80,7 @@ class TokenEvent:
     token_id: int
     completion_tokens: int  # tokens so far, this one included
     finish: dict | None  # SGLang's finish_reason on the last event
+    sim_s: float = 0.0  # simulated seconds from the request's arrival to this token
 
 
 @dataclass
@@ -90,6 +99,7 @@ class Engine:
         self.sim = settings.sim
         # The KV path the engine's environment selects (logged with every hand-off)
         self.kv_path = settings.sim.kv_path(settings.server.transfer_backend)
+        self.kv_gb_s = settings.sim.kv_speed_gb_s(settings.server.transfer_backend)
         self.faults = faults
         self.metrics = metrics
         self.prefill_kv = prefill_kv
@@ -187,6 +197,7 @@ class Engine:
         completion = self.completion_for(req)
         t0 = time.monotonic()
         produced = 0
+        sim_s: float | None = None  # of the last event; a request that failed before one has none
         finished = False
         try:
             if self.mode == "prefill":
@@ -197,6 +208,7 @@ class Engine:
                 gen = self._unified(req, completion, t0)
             async for ev in gen:
                 produced = ev.completion_tokens
+                sim_s = ev.sim_s
                 yield ev
             finished = True
         except EngineError:
@@ -206,9 +218,10 @@ class Engine:
             if not finished:  # the client went away (cancellation / generator closed)
                 self.metrics.observe_aborted()
                 log.info("request %s (room %s) aborted by the client", req.rid, req.bootstrap_room)
+            # a failure is not GPU work: it reports the time the client waited
             self.metrics.observe_finished(
                 prompt_tokens=req.prompt_tokens, generation_tokens=produced,
-                e2e_s=time.monotonic() - t0, stream=req.stream,
+                e2e_s=sim_s if sim_s is not None else time.monotonic() - t0, stream=req.stream,
             )
 
     # --- prefill ---------------------------------------------------------------------
@@ -256,16 +269,18 @@ class Engine:
             finally:
                 rank.queue -= 1
             wait_entry = time.monotonic()
-            self.metrics.observe_queue_time(r, wait_entry - bootstrap_done)
             self._used_tokens += req.prompt_tokens
             try:
                 rank.running += 1
                 self._gauges(r)
                 try:
-                    await self.schedulers[r].prefill(req.prompt_tokens)
+                    timing = await self.schedulers[r].prefill(req.prompt_tokens)
+                    self.metrics.observe_queue_time(r, timing.queued_s)
                     kv.pool.stamp(offset, nbytes, room)
                 finally:
                     rank.running -= 1
+                transfer_s = self._transfer_s(nbytes)
+                sim_s = timing.total_s + (transfer_s if info is not None else 0.0)
                 # inflight queue: the KV goes to decode
                 transfer_entry = time.monotonic()
                 rank.pd_queue_b += 1
@@ -282,42 +297,40 @@ class Engine:
                                                    f"req.bootstrap_room={room}: decode aborted the request")
                         try:
                             await kv.transfer(info, offset, nbytes)
-                            await self._pace_handoff(transfer_entry, nbytes)
+                            await self._pace_handoff(transfer_entry, transfer_s)
                         except KVError as exc:
                             self.metrics.inc(r, "num_transfer_failed_reqs")
                             failure = str(exc)
                             raise EngineError(500, f"Prefill transfer failed for request rank=0 req.rid={req.rid!r} "
                                                    f"req.bootstrap_room={room} with exception "
                                                    f"KVTransferError(bootstrap_room={room}): {exc}") from None
-                        await kv.notify(info, ok=True)
+                        await kv.notify(info, ok=True, sim_s=sim_s)
                 finally:
                     rank.pd_queue_b -= 1
-                done = time.monotonic()
             finally:
                 self._slots.release()
                 self._used_tokens -= req.prompt_tokens
                 kv.pool.release(offset, nbytes)
                 self._gauges(r)
             if info is not None:
-                latency_s = done - transfer_entry
                 total_mb = nbytes / (1024 * 1024)
-                speed = (total_mb / 1024) / latency_s if latency_s > 0 else 0.0
-                self.metrics.observe_kv_transfer(r, latency_ms=latency_s * 1000, total_mb=total_mb, speed_gb_s=speed)
+                speed = (total_mb / 1024) / transfer_s if transfer_s > 0 else 0.0
+                self.metrics.observe_kv_transfer(r, latency_ms=transfer_s * 1000, total_mb=total_mb, speed_gb_s=speed)
                 self.metrics.observe_kv_bootstrap(
                     r, bootstrap_ms=(bootstrap_done - t0) * 1000, alloc_ms=(wait_entry - bootstrap_done) * 1000
                 )
                 log.info("prefill req %s room %d: %d prompt tokens, KV %.3f MB to %s over %s in %.2f ms (%.3f GB/s)",
                          req.rid, room, req.prompt_tokens, total_mb, info.session_id, self.kv_path,
-                         latency_s * 1000, speed)
+                         transfer_s * 1000, speed)
             failure = None
         finally:
             if state is not None:
                 kv.close_room(room, failure)
         prefill_finish = {"type": "length", "length": 0}
         if completion.words:
-            yield TokenEvent(completion.pieces[0], completion.token_ids[0], 1, prefill_finish)
+            yield TokenEvent(completion.pieces[0], completion.token_ids[0], 1, prefill_finish, sim_s)
         else:
-            yield TokenEvent("", 0, 0, prefill_finish)
+            yield TokenEvent("", 0, 0, prefill_finish, sim_s)
 
     async def _stall(self, state, room: int, r: int) -> None:
         """transfer_stall: never send; fail when decode gives up (or after its timeout)."""
@@ -343,6 +356,7 @@ class Engine:
         endpoint: tuple[str, int] | None = None
         reserved = 0
         delivered = False
+        kv_s = 0.0  # the prefill's simulated seconds until this request's KV arrived
         try:
             # prealloc queue: bootstrap, allocate, send our transfer info
             rank.pd_queue_a += 1
@@ -399,13 +413,14 @@ class Engine:
                         self.metrics.inc(r, "num_transfer_failed_reqs")
                         raise EngineError(500, f"KV checksum mismatch for request {req.rid} room {room}")
                     delivered = True
+                    kv_s = float(status.get("sim_s") or 0.0)
             finally:
                 rank.pd_queue_b -= 1
                 kv.forget(room)
             # running: generate (after waiting in the rank's queue while its batch is full)
             slot = await self._join(r, len(completion.words))
             try:
-                async for ev in self._emit(req, completion, t0, r, slot):
+                async for ev in self._emit(req, completion, kv_s, r, slot):
                     self._used_tokens += 1
                     reserved += 1
                     yield ev
@@ -425,15 +440,20 @@ class Engine:
                 kv.pool.release(offset, nbytes)
             self._gauges(r)
 
-    async def _pace_handoff(self, started: float, nbytes: int) -> None:
-        """A hand-off takes at least nbytes at the path's speed (PDNODE_SIM_KV_GB_S, the
-        plan's for its path): the bytes cross loopback TCP here, which is faster than a TCP
-        link between GPUs' hosts and slower than NVLink, so the stand-in can model the
-        slower paths and never beats loopback."""
-        if self.sim.kv_gb_s:
-            remaining = nbytes / (self.sim.kv_gb_s * 1e9) - (time.monotonic() - started)
-            if remaining > 0:
-                await asyncio.sleep(remaining)
+    def _transfer_s(self, nbytes: int) -> float:
+        """The hand-off's simulated seconds: its bytes at the path's speed (PDNODE_SIM_KV_GB_S,
+        the plan's for its path). This is what the KV metrics and TTFT report; the bytes
+        really cross loopback TCP through Mooncake, and that time is the host's, not the
+        link's."""
+        return nbytes / (self.kv_gb_s * 1e9)
+
+    async def _pace_handoff(self, started: float, transfer_s: float) -> None:
+        """On the wall clock too, a hand-off takes at least its simulated time (loopback is
+        faster than a TCP link between hosts), so the stand-in's pace models the slower
+        paths; when the real copy took longer (a busy machine), nothing is added."""
+        remaining = transfer_s - (time.monotonic() - started)
+        if remaining > 0:
+            await asyncio.sleep(remaining)
 
     def _transfer_failed(self, r: int, req: GenRequest, reason: str) -> None:
         self.metrics.inc(r, "num_transfer_failed_reqs")
@@ -455,16 +475,16 @@ class Engine:
             rank.queue -= 1
         self._used_tokens += req.prompt_tokens
         try:
-            self.metrics.observe_queue_time(r, time.monotonic() - t0)
             rank.running += 1
             self._gauges(r)
             try:
-                await self.schedulers[r].prefill(req.prompt_tokens)
+                timing = await self.schedulers[r].prefill(req.prompt_tokens)
+                self.metrics.observe_queue_time(r, timing.queued_s)
             finally:
                 rank.running -= 1
             slot = await self._join(r, len(completion.words))
             try:
-                async for ev in self._emit(req, completion, t0, r, slot):
+                async for ev in self._emit(req, completion, timing.total_s, r, slot):
                     yield ev
             finally:
                 self.schedulers[r].leave(slot)
@@ -488,24 +508,27 @@ class Engine:
         self._gauges(r)
         return slot
 
-    async def _emit(self, req: GenRequest, completion: model.Completion, t0: float, r: int,
+    async def _emit(self, req: GenRequest, completion: model.Completion, before_s: float, r: int,
                     slot: DecodeSlot) -> AsyncIterator[TokenEvent]:
+        """The request's tokens as the rank's timeline makes them: the first when it joins
+        the batch, `before_s` (its simulated time before it asked to join) plus its wait
+        for a place; each next one at the end of the decode step that made it."""
         n = len(completion.words)
-        last = time.monotonic()
+        at = slot.admitted
+        sim_s = before_s + (at - slot.arrival)
         for i in range(n):
             if i:
-                await slot.tokens.get()  # the rank's next decode step
-            now = time.monotonic()
-            if i == 0:
-                self.metrics.observe_ttft(now - t0, req.stream)
+                step_end = await slot.tokens.get()  # the rank's next decode step
+                self.metrics.observe_itl(step_end - at)
+                sim_s += step_end - at
+                at = step_end
             else:
-                self.metrics.observe_itl(now - last)
-            last = now
+                self.metrics.observe_ttft(sim_s, req.stream)
             self.ranks[r].generated += 1
             yield TokenEvent(completion.pieces[i], completion.token_ids[i], i + 1,
-                             completion.finish_reason if i == n - 1 else None)
+                             completion.finish_reason if i == n - 1 else None, sim_s)
         if n == 0:
-            yield TokenEvent("", 0, 0, completion.finish_reason)
+            yield TokenEvent("", 0, 0, completion.finish_reason, sim_s)
 
     async def health_generate(self) -> bool:
         """SGLang's /health_generate: a 1-token generation with a fake bootstrap host."""

@@ -270,18 +270,23 @@ class HttpApi:
             return _json(protocol.error_generate(exc.message), 400)
         return _json(protocol.error_openai(exc.message, exc.status), exc.status)
 
-    def _log(self, route: str, req: GenRequest | None, status: int, completion_tokens: int, t0: float) -> None:
+    def _log(self, route: str, req: GenRequest | None, status: int, completion_tokens: int, t0: float,
+             sim_s: float | None = None) -> None:
+        """One line per request: its simulated time (what a GPU would have taken, the
+        engine's own report) when it produced tokens, and the host's wall time beside it."""
         if req is None:
             log.info("%s %d (rejected before admission)", route, status)
             return
+        wall_ms = (time.monotonic() - t0) * 1000
         self.recent.append({
             "route": route, "rid": req.rid, "bootstrap_room": req.bootstrap_room, "status": status,
             "prompt_tokens": req.prompt_tokens, "completion_tokens": completion_tokens, "stream": req.stream,
-            "ms": round((time.monotonic() - t0) * 1000, 3),
+            "ms": None if sim_s is None else round(sim_s * 1000, 3), "wall_ms": round(wall_ms, 3),
         })
-        log.info("%s %d rid=%s room=%s prompt_tokens=%d completion_tokens=%d stream=%s %.1fms",
+        took = "no tokens" if sim_s is None else f"{sim_s * 1000:.1f}ms simulated"
+        log.info("%s %d rid=%s room=%s prompt_tokens=%d completion_tokens=%d stream=%s %s (wall %.1fms)",
                  route, status, req.rid, req.bootstrap_room, req.prompt_tokens, completion_tokens,
-                 req.stream, (time.monotonic() - t0) * 1000)
+                 req.stream, took, wall_ms)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         t0 = time.monotonic()
@@ -329,24 +334,23 @@ class HttpApi:
             except EngineError as exc:
                 self._log("/generate", req, exc.status, 0, t0)
                 return self._error(exc, native=True)
-            self._log("/generate", req, 200, last.completion_tokens, t0)
-            return _json(chunk(text, ids, last, time.monotonic() - t0))
+            self._log("/generate", req, 200, last.completion_tokens, t0, last.sim_s)
+            return _json(chunk(text, ids, last, last.sim_s))
 
         resp = await self._sse(request)
-        text, ids, n = "", [], 0
+        text, ids, n, sim_s = "", [], 0, None
         try:
             async for ev in self.engine.generate(req):
                 text += ev.piece
                 if ev.completion_tokens:
                     ids.append(ev.token_id)
-                n = ev.completion_tokens
-                e2e = time.monotonic() - t0 if ev.finish else None
-                await resp.write(protocol.sse(chunk(text, ids, ev, e2e)))
+                n, sim_s = ev.completion_tokens, ev.sim_s
+                await resp.write(protocol.sse(chunk(text, ids, ev, ev.sim_s if ev.finish else None)))
         except EngineError as exc:
             await resp.write(protocol.sse(protocol.error_stream_generate(exc.message, exc.status)))
         await resp.write(protocol.SSE_DONE)
         await resp.write_eof()
-        self._log("/generate", req, 200, n, t0)
+        self._log("/generate", req, 200, n, t0, sim_s)
         return resp
 
     async def _sse(self, request: web.Request) -> web.StreamResponse:
@@ -398,7 +402,7 @@ class HttpApi:
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
         resp = await self._sse(request)
-        n, finish, first = 0, None, True
+        n, finish, first, sim_s = 0, None, True, None
         try:
             async for ev in self.engine.generate(req):
                 if first:
@@ -406,7 +410,7 @@ class HttpApi:
                     await resp.write(protocol.sse(protocol.chat_chunk(rid=rid, created=created, model=name, role="assistant", content="")))
                 if ev.piece:
                     await resp.write(protocol.sse(protocol.chat_chunk(rid=rid, created=created, model=name, content=ev.piece)))
-                n, finish = ev.completion_tokens, ev.finish
+                n, finish, sim_s = ev.completion_tokens, ev.finish, ev.sim_s
             await resp.write(protocol.sse(protocol.chat_chunk(rid=rid, created=created, model=name, finish=finish)))
             if include_usage:
                 await resp.write(protocol.sse(protocol.chat_usage_chunk(
@@ -415,7 +419,7 @@ class HttpApi:
             await resp.write(protocol.sse(protocol.error_stream_openai(exc.message, exc.status)))
         await resp.write(protocol.SSE_DONE)
         await resp.write_eof()
-        self._log("/v1/chat/completions", req, 200, n, t0)
+        self._log("/v1/chat/completions", req, 200, n, t0, sim_s)
         return resp
 
     async def _collect(self, route: str, req: GenRequest, t0: float) -> tuple[str, Any]:
@@ -429,7 +433,7 @@ class HttpApi:
         except EngineError as exc:
             self._log(route, req, exc.status, 0, t0)
             raise
-        self._log(route, req, 200, last.completion_tokens, t0)
+        self._log(route, req, 200, last.completion_tokens, t0, last.sim_s)
         return text, last
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -472,12 +476,12 @@ class HttpApi:
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
         resp = await self._sse(request)
-        n, first = 0, True
+        n, first, sim_s = 0, True, None
         try:
             async for ev in self.engine.generate(req):
                 piece = (echo + ev.piece) if first else ev.piece
                 first = False
-                n = ev.completion_tokens
+                n, sim_s = ev.completion_tokens, ev.sim_s
                 await resp.write(protocol.sse(protocol.completion_chunk(
                     rid=rid, created=created, model=name, text=piece, finish=ev.finish)))
             if include_usage:
@@ -489,5 +493,5 @@ class HttpApi:
             await resp.write(protocol.sse(protocol.error_stream_openai(exc.message, exc.status)))
         await resp.write(protocol.SSE_DONE)
         await resp.write_eof()
-        self._log("/v1/completions", req, 200, n, t0)
+        self._log("/v1/completions", req, 200, n, t0, sim_s)
         return resp

@@ -330,9 +330,11 @@ class PrefillKV:
             raise TransferError(f"Mooncake batch_transfer_sync_write to {info.session_id} returned {rc}")
         return dt
 
-    async def notify(self, info: TransferInfo, ok: bool, reason: str | None = None) -> None:
+    async def notify(self, info: TransferInfo, ok: bool, reason: str | None = None, sim_s: float | None = None) -> None:
+        """Tell decode how the hand-off ended; with the prefill's simulated seconds for the
+        request (queue, passes, transfer), which decode's TTFT adds to its own."""
         url = f"http://{info.endpoint}:{info.dst_port}/kv/status"
-        payload = {"room": info.room, "status": "success" if ok else "failed", "reason": reason}
+        payload = {"room": info.room, "status": "success" if ok else "failed", "reason": reason, "sim_s": sim_s}
         try:
             status = await _post(self.session, url, payload)
             if status != 200:

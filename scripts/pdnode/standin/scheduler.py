@@ -26,6 +26,12 @@ got round to it. A late wake-up (a busy machine's CPU contention) then shortens 
 wait instead of adding to every pass, so the simulated time a rank spends, and its pace
 over many passes, do not depend on the machine's load; only when the process falls
 behind by more than a pass do passes run back to back until it has caught up.
+
+What the engine reports comes from that timeline, never from the CPU's clock: an arrival
+is placed on it (inside the pass running when it came, or where an idle rank restarts
+its timeline), and a prompt's end, a slot's admission and each decode token carry the
+timeline time of the pass that made them. A request's queue wait, TTFT and ITL are
+differences of those times, so a busy machine reports the same latencies as an idle one.
 `stats` counts what each rank simulated (GET /sim/ranks).
 """
 
@@ -42,7 +48,18 @@ from typing import Any
 @dataclass
 class _Prompt:
     remaining: int
-    done: asyncio.Future[None]
+    arrival: float  # on the rank's timeline
+    done: asyncio.Future[float]  # the timeline time its last pass ends
+    started: float | None = None  # the timeline time its first pass starts
+
+
+@dataclass(frozen=True)
+class PrefillTiming:
+    """A prompt's simulated seconds on its rank: waiting for its first pass, and from its
+    arrival to the end of its last pass."""
+
+    queued_s: float
+    total_s: float
 
 
 @dataclass
@@ -50,8 +67,13 @@ class DecodeSlot:
     """A request's place in a rank's decode batch; `tokens` counts steps it may emit."""
 
     remaining: int  # tokens still to produce by decode steps
-    joined: asyncio.Future[None]
-    tokens: asyncio.Queue[None] = field(default_factory=asyncio.Queue)
+    arrival: float  # on the rank's timeline
+    joined: asyncio.Future[float]  # the timeline time it joins the batch (its first token)
+    tokens: asyncio.Queue[float] = field(default_factory=asyncio.Queue)  # each step's end
+
+    @property
+    def admitted(self) -> float:
+        return self.joined.result()
 
 
 @dataclass(frozen=True)
@@ -99,6 +121,7 @@ class RankScheduler:
         self._factor = factor
         self._clock = clock
         self._due: float | None = None  # when the last pass is due to end while the rank stays busy
+        self._pass_start = 0.0  # when the pass now running started (timeline time)
         self.stats = RankStats()
         self._prompts: collections.deque[_Prompt] = collections.deque()
         self._waiting: collections.deque[DecodeSlot] = collections.deque()
@@ -119,22 +142,36 @@ class RankScheduler:
             self._task = asyncio.get_running_loop().create_task(self._loop())
         self._wake.set()
 
-    async def prefill(self, tokens: int) -> None:
+    def _arrival(self) -> float:
+        """Where something arriving now falls on the timeline: inside the pass that is
+        running (clamped to its end when this process runs late), or, on an idle rank,
+        now, where the timeline restarts so that the first pass starts at the arrival and
+        not when the rank's task next gets the CPU."""
+        now = self._clock()
+        if self._due is None:
+            self._due = self._pass_start = now
+            return now
+        return min(max(now, self._pass_start), self._due)
+
+    async def prefill(self, tokens: int) -> PrefillTiming:
         """Return when the prompt's last token has been through a forward pass."""
-        prompt = _Prompt(max(tokens, 1), asyncio.get_running_loop().create_future())
+        prompt = _Prompt(max(tokens, 1), self._arrival(), asyncio.get_running_loop().create_future())
         self._prompts.append(prompt)
         self._kick()
         try:
-            await asyncio.shield(prompt.done)
+            end = await asyncio.shield(prompt.done)
         except asyncio.CancelledError:
             if prompt in self._prompts:
                 self._prompts.remove(prompt)
             raise
+        started = prompt.started if prompt.started is not None else prompt.arrival
+        return PrefillTiming(queued_s=started - prompt.arrival, total_s=end - prompt.arrival)
 
     async def join(self, tokens: int) -> DecodeSlot:
         """Wait for a running slot (queued while the batch is full); the slot then
         receives one item in `tokens` per step, `tokens` steps in all."""
-        slot = DecodeSlot(remaining=max(tokens, 0), joined=asyncio.get_running_loop().create_future())
+        slot = DecodeSlot(remaining=max(tokens, 0), arrival=self._arrival(),
+                          joined=asyncio.get_running_loop().create_future())
         self._waiting.append(slot)
         self._kick()
         try:
@@ -151,10 +188,13 @@ class RankScheduler:
             self._running.remove(slot)
 
     def _admit(self) -> None:
+        """Slots join at a step boundary: the timeline time the last pass ended (or the
+        arrival that restarted an idle rank's timeline)."""
+        at = self._due if self._due is not None else self._clock()
         while self._waiting and len(self._running) < self.model.max_running:
             slot = self._waiting.popleft()
             if not slot.joined.done():
-                slot.joined.set_result(None)
+                slot.joined.set_result(max(at, slot.arrival))
             if slot.remaining > 0:
                 self._running.append(slot)
 
@@ -171,12 +211,15 @@ class RankScheduler:
             self._wake.clear()
             await self._wake.wait()
 
-    async def _forward(self, seconds: float) -> None:
-        """One forward pass of `seconds` on the rank's own timeline (module docstring)."""
+    async def _forward(self, seconds: float) -> tuple[float, float]:
+        """One forward pass of `seconds` on the rank's own timeline (module docstring);
+        returns the timeline times it starts and ends."""
         now = self._clock()
         start = now if self._due is None else min(self._due, now)
-        self._due = start + seconds
-        await asyncio.sleep(max(0.0, self._due - now))
+        end = self._due = start + seconds
+        self._pass_start = start
+        await asyncio.sleep(max(0.0, end - now))
+        return start, end
 
     async def _prefill_pass(self) -> None:
         budget = self.model.chunk_tokens
@@ -195,14 +238,16 @@ class RankScheduler:
         st.prefill_tokens += tokens
         st.prefill_s += seconds
         st.recent.append({"kind": "prefill", "tokens": tokens, "prompts": len(batch), "s": round(seconds, 9)})
-        await self._forward(seconds)
+        start, end = await self._forward(seconds)
         for prompt, take in batch:
+            if prompt.started is None:
+                prompt.started = max(start, prompt.arrival)
             prompt.remaining -= take
             if prompt.remaining <= 0:
                 if prompt in self._prompts:
                     self._prompts.remove(prompt)
                 if not prompt.done.done():
-                    prompt.done.set_result(None)
+                    prompt.done.set_result(end)
 
     async def _decode_step(self) -> None:
         batch = list(self._running)
@@ -213,11 +258,11 @@ class RankScheduler:
         st.decode_s += seconds
         st.max_batch = max(st.max_batch, len(batch))
         st.recent.append({"kind": "decode", "batch": len(batch), "s": round(seconds, 9)})
-        await self._forward(seconds)
+        _, end = await self._forward(seconds)
         for slot in batch:
             if slot not in self._running:
                 continue  # left during the step (client gone)
             slot.remaining -= 1
-            slot.tokens.put_nowait(None)
+            slot.tokens.put_nowait(end)
             if slot.remaining <= 0:
                 self._running.remove(slot)
