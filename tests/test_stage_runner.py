@@ -1,0 +1,60 @@
+"""scripts/test's stage runner (scripts/lib/stages.sh): a stage that hangs is stopped and
+says so, one that is slow but talking is not, one that runs past the total bound is
+stopped and says that, a failure keeps its exit code, and a stage that never reported
+is a failure in the summary. Each case runs the real shell functions."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_stages(tmp_path: Path, script: str, **env: str) -> tuple[list[str], str]:
+    """Run SCRIPT after sourcing the runner; returns the recorded summary lines and the logs."""
+    results, logs = tmp_path / "results", tmp_path / "logs"
+    results.mkdir()
+    logs.mkdir()
+    prelude = (f'source {REPO}/scripts/lib/common.sh; root={REPO}; results_dir={results}; logs={logs}; '
+               f'source {REPO}/scripts/lib/stages.sh; ')
+    subprocess.run(["bash", "-c", prelude + script], check=True, timeout=240, capture_output=True, text=True,
+                   env={"PATH": "/usr/bin:/bin", **env})
+    lines = sorted(p.read_text().strip() for p in results.iterdir() if p.name[0].isdigit())
+    return lines, "\n".join(p.read_text() for p in sorted(logs.iterdir()))
+
+
+@pytest.mark.integration
+def test_a_silent_stage_is_stopped_as_a_hang(tmp_path):
+    lines, log = run_stages(tmp_path, "logged_stage hung bash -c 'echo started; exec sleep 600'",
+                            PDNODE_TEST_STAGE_IDLE_S="3")
+    assert len(lines) == 1 and lines[0].startswith("FAIL") and "hung" in lines[0]
+    assert "no output for 3 s, a hang" in lines[0] and "no output for 3 s" in log
+
+
+@pytest.mark.integration
+def test_a_slow_stage_that_talks_is_not_stopped(tmp_path):
+    lines, _ = run_stages(tmp_path, "logged_stage slow bash -c 'for i in 1 2 3 4 5 6; do echo $i; sleep 1.5; done'",
+                          PDNODE_TEST_STAGE_IDLE_S="3")
+    assert len(lines) == 1 and lines[0].startswith("ok") and "slow" in lines[0], lines
+
+
+@pytest.mark.integration
+def test_a_stage_past_the_total_bound_is_stopped_and_says_so(tmp_path):
+    lines, _ = run_stages(tmp_path, "logged_stage long bash -c 'while :; do echo tick; sleep 0.5; done'",
+                          PDNODE_TEST_STAGE_IDLE_S="60", PDNODE_TEST_STAGE_TIMEOUT_S="3")
+    assert len(lines) == 1 and lines[0].startswith("FAIL") and "ran 3 s in all" in lines[0], lines
+
+
+def test_a_failing_stage_keeps_its_exit_code(tmp_path):
+    lines, log = run_stages(tmp_path, "logged_stage broken bash -c 'echo oops; exit 3'")
+    assert len(lines) == 1 and lines[0].startswith("FAIL") and "broken" in lines[0]
+    assert "exit code 3" in log
+
+
+def test_a_stage_that_never_reported_fails_the_summary(tmp_path):
+    lines, _ = run_stages(tmp_path, "logged_stage first true; record_unreported first second")
+    assert [line.split("(")[0].split() for line in lines] == [["FAIL", "second"], ["ok", "first"]], lines
+    assert "never reported" in lines[0]
