@@ -1,9 +1,10 @@
-"""The upgrade's logic: the prober's tally, the release record's transitions, the report."""
+"""The upgrade's logic: the prober as the host runs it, the release record's transitions, the report."""
 
 from __future__ import annotations
 
 import http.server
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -31,74 +32,37 @@ OLD = {"versions": versions(), "venv": OLD_VENV}
 NEW = {"versions": versions(pdnode_router_package="smg"), "venv": NEW_VENV}
 
 
-# --- the prober's tally -----------------------------------------------------------------
+# --- the prober (its counting: tests/test_loadgen.py) -------------------------------------
 
-def test_tally_longest_gap_spans_failures_between_two_successes():
-    t = upgrade_probe.Tally(100.0)
-    for when, code in ((100.1, 200), (100.2, 200), (100.3, 0), (100.9, 502), (101.5, 200), (101.6, 200)):
-        t.record(when, code, "refused" if code != 200 else "")
-    r = t.result(101.7)
-    assert (r["requests"], r["ok"], r["failed"]) == (6, 4, 2)
-    assert r["codes"] == {"0": 1, "200": 4, "502": 1}
-    assert r["longest_gap_s"] == pytest.approx(1.3)  # 100.2 -> 101.5
-    assert r["longest_gap_at_s"] == pytest.approx(0.2)
-    assert [f["code"] for f in r["first_failures"]] == [0, 502]
-    assert r["outages"] == [{"at_s": 0.2, "at": 0.2, "length_s": 1.3, "failed": 2}]
+BODY = b'{"choices": [{"text": "x", "finish_reason": "length"}]}'
+STREAM = b'data: {"choices": [{"text": "x", "finish_reason": "length"}]}\n\ndata: [DONE]\n\n'
 
 
-def test_tally_lists_each_outage_with_its_wall_clock_time():
-    t = upgrade_probe.Tally(10.0, wall=1000.0)
-    for when, code in ((10.1, 200), (10.2, 503), (12.1, 200), (12.2, 200), (12.7, 200), (15.0, 200)):
-        t.record(when, code)
-    r = t.result(15.1)
-    assert r["started_at"] == 1000.0
-    assert r["outages"] == [{"at_s": 0.1, "at": 1000.1, "length_s": 2.0, "failed": 1},
-                            {"at_s": 2.7, "at": 1002.7, "length_s": 2.3, "failed": 0}]
+def probe_copy(tmp_path: Path) -> Path:
+    """The prober as playbooks/upgrade.yml lays it on the host: probe.py and loadgen.py
+    side by side, run as a file (no pdnode package)."""
+    d = tmp_path / "upgrade"
+    d.mkdir()
+    shutil.copy(REPO / "scripts/pdnode/node/upgrade_probe.py", d / "probe.py")
+    shutil.copy(REPO / "scripts/pdnode/node/loadgen.py", d / "loadgen.py")
+    return d / "probe.py"
 
 
-def test_tally_outage_until_the_stop_counts():
-    t = upgrade_probe.Tally(0.0)
-    t.record(0.1, 200)
-    t.record(0.2, 503)
-    r = t.result(5.0)
-    assert r["longest_gap_s"] == pytest.approx(4.9)
-    assert r["failed"] == 1
-
-
-def test_tally_a_slow_answer_is_a_gap_without_failures():
-    # A router that holds requests while it restarts fails none, but nothing answers.
-    t = upgrade_probe.Tally(0.0)
-    for when in (0.1, 0.2, 3.2, 3.3):
-        t.record(when, 200)
-    r = t.result(3.4)
-    assert r["failed"] == 0
-    assert r["longest_gap_s"] == pytest.approx(3.0)
-
-
-def test_tally_keeps_only_the_first_failures():
-    t = upgrade_probe.Tally(0.0)
-    for i in range(50):
-        t.record(i * 0.1, 500, "x" * 500)
-    r = t.result(5.0)
-    assert len(r["first_failures"]) == upgrade_probe.MAX_SAMPLES
-    assert len(r["first_failures"][0]["error"]) == 200
-
-
-def _probe_server(script: list[int]):
-    """A router stand-in that answers the probe's requests with `script`'s codes in order,
-    then 200s; it counts what it answered, so the test asserts counts, not times."""
-    served: list[tuple[str, str | None, str, int]] = []  # path, Authorization, model, code
+def _probe_server(answer):
+    """A router stand-in answering the n-th request (from 0) with ANSWER(n, body) ->
+    (code, bytes); it records what it answered, so the tests assert counts, not times."""
+    served: list[tuple[str, str | None, dict, int]] = []  # path, Authorization, body, code
     lock = threading.Lock()
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server's name
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with lock:
-                code = script[len(served)] if len(served) < len(script) else 200
-                served.append((self.path, self.headers.get("Authorization"), body["model"], code))
+                code, data = answer(len(served), body)
+                served.append((self.path, self.headers.get("Authorization"), body, code))
             self.send_response(code)
             self.end_headers()
-            self.wfile.write(b"{}")
+            self.wfile.write(data)
 
         def log_message(self, *args):
             pass
@@ -108,90 +72,107 @@ def _probe_server(script: list[int]):
     return server, served
 
 
+def _run_probe(tmp_path: Path, server, served, until, *args: str) -> dict:
+    """The prober from its host copy until UNTIL(served) holds, stopped by SIGTERM; its result."""
+    out = tmp_path / "probe.json"
+    proc = subprocess.Popen([sys.executable, str(probe_copy(tmp_path)), "--url",
+                             f"http://127.0.0.1:{server.server_port}", "--model", "demo", "--out", str(out),
+                             "--interval", "0.05", "--timeout", "120", *args])
+    try:
+        deadline = time.monotonic() + 120  # a few seconds on a quiet machine
+        while not until(served):
+            assert proc.poll() is None and time.monotonic() < deadline, (proc.returncode, len(served))
+            time.sleep(0.05)
+        proc.terminate()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        server.shutdown()
+    assert out.stat().st_mode & 0o777 == 0o600
+    return json.loads(out.read_text())
+
+
 def test_probe_process_reads_the_key_file_and_reports_on_sigterm(tmp_path):
     # 5 answered, 3 refused (the outage), then answered again: the phases are counted
     # requests, not seconds, so a busy machine changes only how long the test takes.
     script = [200] * 5 + [503] * 3
-    server, served = _probe_server(script)
+    server, served = _probe_server(lambda n, body: (script[n], BODY) if n < len(script) else (200, BODY))
     key = tmp_path / "key"
     key.write_text("sekrit-key\n")
-    out = tmp_path / "probe.json"
-    proc = subprocess.Popen([sys.executable, str(REPO / "scripts/pdnode/node/upgrade_probe.py"), "--url",
-                             f"http://127.0.0.1:{server.server_port}", "--model", "demo", "--out", str(out),
-                             "--key-file", str(key), "--interval", "0.05", "--timeout", "120"])
-    try:
-        deadline = time.monotonic() + 120  # a few seconds on a quiet machine
-        while len(served) < len(script) + 5:
-            assert proc.poll() is None and time.monotonic() < deadline, (proc.returncode, len(served))
-            time.sleep(0.05)
-        assert "sekrit-key" not in " ".join(proc.args)
-        proc.terminate()
-        assert proc.wait(timeout=120) == 0
-    finally:
-        server.shutdown()
-    r = json.loads(out.read_text())
+    r = _run_probe(tmp_path, server, served, lambda s: len(s) >= len(script) + 5, "--key-file", str(key))
     assert r["schema"] == upgrade_probe.SCHEMA
     # every request the server answered is in the report, each with its code (the one in
     # flight at SIGTERM ends first)
-    assert r["requests"] == len(served)
-    assert r["failed"] == r["codes"]["503"] == 3
+    assert r["requests_started"] == r["requests"] == len(served)
+    assert r["failed"] == r["codes"]["503"] == r["failures"]["status"] == 3
     assert r["ok"] == len(served) - 3
-    # the three failures lie in one stretch without a 200, which the longest gap covers
+    # the three failures lie in one stretch without a success, which the longest gap covers
     at = [f["t_s"] for f in r["first_failures"]]
     assert len(at) == 3 and r["longest_gap_s"] >= at[-1] - at[0] > 0
     assert {s[1] for s in served} == {"Bearer sekrit-key"}
     assert {s[0] for s in served} == {"/v1/completions"}
-    assert out.stat().st_mode & 0o777 == 0o600
 
 
 def test_probe_clients_stream_and_a_cut_stream_fails(tmp_path):
     """--clients 2 --stream: one loop streams; a stream without its [DONE] counts as failed."""
-    seen: list[bool] = []
-    lock = threading.Lock()
+    def answer(n, body):
+        if not body.get("stream"):
+            return 200, BODY
+        first = not any(s[2].get("stream") for s in served)
+        return 200, STREAM.replace(b"data: [DONE]\n\n", b"") if first else STREAM  # the first stream is cut
 
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with lock:
-                streams = [x for x in seen if x]
-                seen.append(bool(body.get("stream")))
-            self.send_response(200)
-            self.end_headers()
-            if body.get("stream"):  # the first stream is cut: no [DONE]
-                self.wfile.write(b'data: {"choices": []}\n\n' + (b"data: [DONE]\n\n" if streams else b""))
-            else:
-                self.wfile.write(b"{}")
+    server, served = _probe_server(answer)
+    r = _run_probe(tmp_path, server, served, lambda s: sum(1 for x in s if x[2].get("stream")) >= 3
+                   and sum(1 for x in s if not x[2].get("stream")) >= 3, "--clients", "2", "--stream")
+    assert r["requests"] == len(served) and r["failed"] == r["failures"]["no-done"] == 1, r
+    assert r["first_failures"][0]["kind"] == "no-done" and r["codes"] == {"200": len(served)}
 
-        def log_message(self, *args):
-            pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    out = tmp_path / "probe.json"
-    proc = subprocess.Popen([sys.executable, str(REPO / "scripts/pdnode/node/upgrade_probe.py"), "--url",
-                             f"http://127.0.0.1:{server.server_port}", "--model", "demo", "--out", str(out),
-                             "--interval", "0.05", "--timeout", "120", "--clients", "2", "--stream"])
-    try:
-        deadline = time.monotonic() + 120  # a few seconds on a quiet machine
-        while sum(seen) < 3 or len(seen) - sum(seen) < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, (proc.returncode, seen)
-            time.sleep(0.05)
-        proc.terminate()
-        assert proc.wait(timeout=120) == 0
-    finally:
-        server.shutdown()
-    r = json.loads(out.read_text())
-    assert r["requests"] == len(seen) and r["failed"] == r["codes"]["-1"] == 1, r
-    assert r["first_failures"][0]["error"].startswith("stream cut")
+def test_probe_counts_a_200_carrying_an_error_as_failed(tmp_path):
+    """A router answering every request with 200 and an error -- in the body, or as a
+    stream's chunk before its [DONE] (SGLang's failure after admission): none is a success."""
+    error_chunk = b'data: {"error": {"message": "KV transfer failed", "code": 500}}\n\ndata: [DONE]\n\n'
+    server, served = _probe_server(lambda n, body: (200, error_chunk if body.get("stream")
+                                                    else b'{"error": {"message": "bootstrap failed"}}'))
+    r = _run_probe(tmp_path, server, served, lambda s: len(s) >= 8, "--clients", "2", "--stream")
+    streams = sum(1 for s in served if s[2].get("stream"))
+    assert r["ok"] == 0 and r["failed"] == r["requests"] == len(served), r
+    assert r["failures"] == {"error-body": len(served) - streams, "error-chunk": streams}
+    assert r["longest_gap_s"] == r["duration_s"]  # never a success: one gap, the whole run
 
 
 def test_probe_unreadable_key_file_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/pdnode/node/upgrade_probe.py"), "--url", "http://127.0.0.1:1",
+    proc = subprocess.run([sys.executable, str(probe_copy(tmp_path)), "--url", "http://127.0.0.1:1",
                            "--model", "m", "--out", str(tmp_path / "o"), "--key-file", str(tmp_path / "none")],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
     assert "--key-file" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("args", "says"), [(["--clients", "0"], "--clients 0: must be above 0"),
+                                             (["--url", "ftp://x"], "must start with http:// or https://")])
+def test_probe_bad_arguments_are_one_line(tmp_path, args, says):
+    proc = subprocess.run([sys.executable, str(probe_copy(tmp_path)), "--url", "http://127.0.0.1:1", "--model", "m",
+                           "--out", str(tmp_path / "o"), *args], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_probe_unwritable_out_is_one_line_with_the_result(tmp_path):
+    server, served = _probe_server(lambda n, body: (200, BODY))
+    proc = subprocess.Popen([sys.executable, str(probe_copy(tmp_path)), "--url",
+                             f"http://127.0.0.1:{server.server_port}", "--model", "m",
+                             "--out", str(tmp_path / "missing" / "o")], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120  # its first request: it runs, its SIGTERM handler is set
+        while not served:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.returncode
+            time.sleep(0.05)
+        proc.terminate()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 1 and "--out" in err and '"requests_started"' in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1
 
 
 # --- which release serves; the record ---------------------------------------------------
@@ -300,7 +281,8 @@ def step(name, start, end, ok=True):
     return {"name": name, "start": start, "end": end, "ok": ok}
 
 
-PROBE = {"requests": 300, "ok": 297, "failed": 3, "codes": {"200": 297, "0": 3}, "longest_gap_s": 1.25}
+PROBE = {"requests_started": 300, "requests": 300, "ok": 297, "failed": 3, "failures": {"connection": 3},
+         "codes": {"200": 297, "0": 3}, "longest_gap_s": 1.25, "longest_request_s": 0.4}
 
 
 def test_report_upgraded():
@@ -311,6 +293,8 @@ def test_report_upgraded():
     assert [s["duration_s"] for s in r["steps"]] == [5, 4.5, 10.5]
     assert r["from"]["pdnode_router_package"] == "sglang-router" and r["to"]["pdnode_router_package"] == "smg"
     assert (r["failed_requests"], r["longest_outage_s"], r["rollback_s"]) == (3, 1.25, None)
+    assert (r["probe"]["failures"], r["probe"]["requests_started"], r["probe"]["longest_request_s"]) == (
+        {"connection": 3}, 300, 0.4)
     assert r["verify"]["verify"] == {"passed": True, "failed_checks": []}
 
 

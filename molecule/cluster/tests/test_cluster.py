@@ -36,7 +36,7 @@ ADDRESS = {"pd-prefill": "172.28.61.11", "pd-decode": "172.28.61.12", "pd-router
 ROUTER = f"http://{ADDRESS['pd-router']}:8000"
 PREFIX = "sglang-pd"
 KEY = (REPO / "molecule" / "node" / "files" / "test-api-key").read_text().strip()
-LOAD = "/var/tmp/pdnode-upgrade-load"
+LOAD = "/var/tmp/pdnode-upgrade-load"  # on pd-router: probe.py, loadgen.py, result.json, pid
 RUNS = {"pd-prefill": [f"{PREFIX}-prefill-0.service"], "pd-decode": [f"{PREFIX}-decode-0.service"],
         "pd-router": [f"{PREFIX}-router.service"]}
 
@@ -253,18 +253,21 @@ def test_upgrade_switches_one_host_at_a_time_verifying_the_layout_from_each(tmp_
     router_unit = RUNS["pd-router"][0]
     router_since = on("pd-router").check_output(f"systemctl show -p MainPID -p ActiveEnterTimestamp {router_unit}")
     # The drain measurements' load beside the upgrade's own prober (docs/measurements.md):
-    # 4 loops through the router, one completion every 100 ms each, every second streaming.
-    probe = base64.b64encode((REPO / "scripts" / "pdnode" / "node" / "upgrade_probe.py").read_bytes()).decode()
-    on("pd-router").check_output(f"echo {probe} | base64 -d > {LOAD}.py; rm -f {LOAD}.json; "
-                                 f"nohup python3 {LOAD}.py --url http://127.0.0.1:8000 --model demo-moe "
-                                 f"--key-file /etc/sglang-pd/api-key --out {LOAD}.json --clients 4 --stream "
-                                 f"--timeout 60 > /dev/null 2>&1 & echo $! > {LOAD}.pid")
+    # 4 loops through the router, one completion every 100 ms each, every second streaming;
+    # the probe with the load generator it imports beside it, as the upgrade lays them.
+    for name, src in (("probe.py", "upgrade_probe.py"), ("loadgen.py", "loadgen.py")):
+        data = base64.b64encode((REPO / "scripts" / "pdnode" / "node" / src).read_bytes()).decode()
+        on("pd-router").check_output(f"mkdir -p {LOAD} && echo {data} | base64 -d > {LOAD}/{name}")
+    on("pd-router").check_output(f"rm -f {LOAD}/result.json; "
+                                 f"nohup python3 {LOAD}/probe.py --url http://127.0.0.1:8000 --model demo-moe "
+                                 f"--key-file /etc/sglang-pd/api-key --out {LOAD}/result.json --clients 4 --stream "
+                                 f"--timeout 60 > /dev/null 2>&1 & echo $! > {LOAD}/pid")
     t0 = time.monotonic()
     try:
         proc = subprocess.run(["ansible-playbook", "-i", str(inv), str(REPO / "playbooks" / "upgrade.yml")],
                               cwd=REPO, env=_env(), capture_output=True, text=True, timeout=1500)
     finally:
-        on("pd-router").run(f"kill -TERM $(cat {LOAD}.pid)")
+        on("pd-router").run(f"kill -TERM $(cat {LOAD}/pid)")
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-5000:]
     # serial: 1 -- the play runs once per host, one batch after the other
@@ -286,13 +289,14 @@ def test_upgrade_switches_one_host_at_a_time_verifying_the_layout_from_each(tmp_
               f"{report['probe']['requests']}, longest outage {report['longest_outage_s']} s")
     print(f"upgrade of the three hosts, one at a time: {took:.0f} s")
     end = time.monotonic() + 120  # the load writes its result once its last requests end
-    while not on("pd-router").run(f"test -s {LOAD}.json").succeeded:
+    while not on("pd-router").run(f"test -s {LOAD}/result.json").succeeded:
         assert time.monotonic() < end, "the load wrote no result"
         time.sleep(0.5)
-    load = json.loads(on("pd-router").check_output(f"cat {LOAD}.json"))
+    load = json.loads(on("pd-router").check_output(f"cat {LOAD}/result.json"))
     # 1P1D: the prefill's and the decode's switches are outages; a benchmark, not asserted
     print("load during the upgrade (4 clients, half streaming): " + json.dumps(
-        {k: load[k] for k in ("requests", "ok", "failed", "codes", "duration_s", "longest_gap_s", "outages")}))
+        {k: load[k] for k in ("requests", "ok", "failed", "failures", "codes", "duration_s", "longest_gap_s",
+                              "outages")}))
     assert load["requests"] > 0
     assert on("pd-router").check_output(
         f"systemctl show -p MainPID -p ActiveEnterTimestamp {router_unit}") == router_since

@@ -161,9 +161,11 @@ def build_report(doc: dict[str, Any]) -> dict[str, Any]:
         "from": doc.get("from", {}).get("versions"), "to": doc.get("to", {}).get("versions"),
         "from_venv": doc.get("from", {}).get("venv"), "to_venv": doc.get("to", {}).get("venv"),
         "steps": steps, "verify": verify,
-        "probe": {"requests": probe.get("requests"), "failed": probe.get("failed"), "codes": probe.get("codes"),
-                  "longest_gap_s": probe.get("longest_gap_s"), "started_at": probe.get("started_at"),
-                  "outages": probe.get("outages", []), "first_failures": probe.get("first_failures", [])}
+        "probe": {"requests_started": probe.get("requests_started"), "requests": probe.get("requests"),
+                  "failed": probe.get("failed"), "failures": probe.get("failures"), "codes": probe.get("codes"),
+                  "longest_gap_s": probe.get("longest_gap_s"), "longest_request_s": probe.get("longest_request_s"),
+                  "started_at": probe.get("started_at"), "outages": probe.get("outages", []),
+                  "first_failures": probe.get("first_failures", [])}
         if probe else None,
         "failed_requests": probe.get("failed") if probe else None,
         "longest_outage_s": probe.get("longest_gap_s") if probe else None,
