@@ -17,9 +17,10 @@ from pdnode.core import planner_layouts
 from pdnode.commands.cli import main
 from pdnode.core.inventory import load_inventory
 from pdnode.core.plan import PlanError, Problem, build_plan
-from pdnode.commands.planner import kv_bytes_from_config
-from pdnode.core.planner_model import (MeasurementError, Params, Pool, Run, Shape, Workload, fit, predict,
-                                  run_from_bench)
+from pdnode.commands.planner import _shape, kv_bytes_from_config
+from pdnode.core.planner_layouts import Candidate, Inst
+from pdnode.core.planner_model import (MeasurementError, Params, Pool, Run, Shape, Workload, capacities, fit, pool_of,
+                                  predict, run_from_bench)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "inventories" / "demo"
@@ -133,6 +134,117 @@ def test_kv_bytes_from_config():
     gqa = {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192}
     assert kv_bytes_from_config(gqa) == 2 * 80 * 8 * 128 * 2
     assert kv_bytes_from_config({"model_type": "x"}) is None
+
+
+# --- layouts of several instances: every instance counts ----------------------------------
+# Each instance with the ranks and GPUs it brings, by docs/planner.md ("The model"): a
+# prefill instance is one rank of its tp_size GPUs (dp_size replicas: one rank each); a
+# decode instance of tp_size GPUs with attention DP d is d ranks over those GPUs.
+def _p(tp, dp=1):
+    return ({"tp_size": tp, "dp_size": dp}, dp, tp * dp)
+
+
+def _d(tp, adp=1):
+    return ({"tp_size": tp, "attn_dp_size": adp}, adp if adp > 1 else 1, tp)
+
+
+MULTI = {  # name -> (prefill instances, decode instances), each (instance, its ranks, its GPUs)
+    "2P1D": ([_p(2), _p(2)], [_d(4, 4)]),
+    "1P2D": ([_p(4)], [_d(2, 2), _d(2, 2)]),
+    "2P2D": ([_p(2), _p(2)], [_d(2, 2), _d(2, 2)]),
+    "3P1D": ([_p(2), _p(2), _p(2)], [_d(2, 2)]),
+    "1P4D": ([_p(4)], [_d(1), _d(1), _d(1), _d(1)]),
+    # uneven: prefill TP4, TP2 and 2 replicas of TP1; decode TP4 DP4, TP2 without attention DP, TP2 DP2
+    "uneven": ([_p(4), _p(2), _p(1, dp=2)], [_d(4, 4), _d(2), _d(2, 2)]),
+}
+
+
+def _sum_pool(entries, batch_limit=None):
+    return Pool(ranks=sum(r for _, r, _ in entries), gpus=sum(g for _, _, g in entries), batch_limit=batch_limit)
+
+
+@pytest.mark.parametrize("name", sorted(MULTI))
+def test_pool_of_counts_every_instance(name):
+    for entries in MULTI[name]:
+        insts = [i for i, _, _ in entries]
+        for inst, ranks, gpus in entries:
+            assert pool_of([inst]) == Pool(ranks=ranks, gpus=gpus)
+        assert pool_of(insts) == _sum_pool(entries)
+        assert pool_of(list(reversed(insts))) == _sum_pool(entries)  # no instance is special
+        # the instance count is exact: without its last instance the pool is that much smaller
+        if len(entries) > 1:
+            assert pool_of(insts[:-1]) == _sum_pool(entries[:-1]) != pool_of(insts)
+        # a batch limit per instance: the pool takes the smallest (the first rank to fill)
+        limits = list(range(10, 10 + len(insts)))
+        assert pool_of(insts, limits) == _sum_pool(entries, batch_limit=10)
+
+
+@pytest.mark.parametrize("name", sorted(MULTI))
+def test_bench_layouts_of_several_instances_are_read_whole(name):
+    prefill, decode = MULTI[name]
+    doc = bench_doc(8, layout__prefill=[i for i, _, _ in prefill], layout__decode=[i for i, _, _ in decode])
+    assert run_from_bench(doc, name).shape == Shape(prefill=_sum_pool(prefill), decode=_sum_pool(decode))
+
+
+@pytest.mark.parametrize("name", sorted(MULTI))
+def test_capacity_is_the_sum_over_instances(name):
+    # prefill: each instance carries its GPUs / (I tau) requests/s; decode: each its ranks /
+    # (steps gamma). A layout carries the sum of what its instances carry alone.
+    p = Params(tau=1e-3, beta=0.01, gamma=0.002, delta=0.02, kv_s_per_token=1e-6)
+    w = Workload(input_len=300, output_len=51, concurrency=64)
+    prefill, decode = MULTI[name]
+    shape = Shape(prefill=pool_of([i for i, _, _ in prefill]), decode=pool_of([i for i, _, _ in decode]))
+    caps = capacities(shape, p, w)
+    assert caps["prefill"] == pytest.approx(sum(g / (300 * 1e-3) for _, _, g in prefill), rel=1e-12)
+    assert caps["decode"] == pytest.approx(sum(r / (50 * 0.002) for _, r, _ in decode), rel=1e-12)
+    alone_p = [capacities(Shape(prefill=pool_of([i]), decode=shape.decode), p, w)["prefill"] for i, _, _ in prefill]
+    alone_d = [capacities(Shape(prefill=shape.prefill, decode=pool_of([i])), p, w)["decode"] for i, _, _ in decode]
+    assert caps["prefill"] == pytest.approx(sum(alone_p), rel=1e-12)
+    assert caps["decode"] == pytest.approx(sum(alone_d), rel=1e-12)
+    # offered more than it can carry (open loop), the layout serves exactly its smaller sum
+    over = predict(shape, p, Workload(input_len=300, output_len=51, rate=10 * (caps["prefill"] + caps["decode"])))
+    assert over.request_s == pytest.approx(min(caps["prefill"], caps["decode"]), rel=1e-9)
+    assert over.bottleneck == min(caps, key=caps.get)
+
+
+def test_a_second_decode_instance_doubles_decode_capacity_exactly():
+    # 1P2D (two TP2 DP2 decode instances) against 1P1D with one of them: the decode pool
+    # carries exactly twice the load, and at twice the rate every decode rank runs exactly
+    # as the lone instance's do (same batch, same ITL); a dropped instance halves it.
+    p = Params(tau=1e-6, beta=0.01, gamma=0.002, delta=0.0, kv_s_per_token=0.0)
+    one_d = [_d(2, 2)[0]]
+    two_d = [_d(2, 2)[0], _d(2, 2)[0]]
+    pre = pool_of([_p(4)[0]])
+    one, two = Shape(pre, pool_of(one_d)), Shape(pre, pool_of(two_d))
+    w = Workload(input_len=100, output_len=11, rate=1.0)
+    assert capacities(two, p, w)["decode"] == pytest.approx(2 * capacities(one, p, w)["decode"], rel=1e-12)
+    for rate in (20.0, 60.0, 90.0):
+        lone = predict(one, p, Workload(100, 11, rate=rate))
+        both = predict(two, p, Workload(100, 11, rate=2 * rate))
+        assert both.decode_batch == pytest.approx(lone.decode_batch, rel=1e-12)
+        assert both.itl_s == pytest.approx(lone.itl_s, rel=1e-12)
+        assert both.request_s == 2 * lone.request_s
+    saturated = Workload(100, 11, concurrency=100_000)
+    assert predict(two, p, saturated).request_s == pytest.approx(2 * predict(one, p, saturated).request_s, rel=1e-3)
+
+
+def test_the_planners_candidates_are_counted_like_measured_layouts():
+    # the command ranks candidates (planner_layouts.Inst) through _shape; measured layouts
+    # are read through pool_of: both count every instance, the same way
+    for cand in planner_layouts.enumerate_layouts(8, "moe_mla"):
+        want_d = Pool(ranks=sum(i.attn_dp_size for i in cand.decode), gpus=sum(len(i.gpus) for i in cand.decode))
+        shape = _shape(cand, None)
+        assert shape.decode == want_d, cand.label()
+        if cand.colocated:
+            assert shape.prefill is None
+        else:
+            assert shape.prefill == Pool(ranks=len(cand.prefill), gpus=sum(len(i.gpus) for i in cand.prefill))
+    uneven = Candidate(prefill=(Inst((0, 1, 2, 3), 4), Inst((4,), 1)),
+                       decode=(Inst((5,), 1), Inst((6, 7), 2, attn_dp_size=2)))
+    assert _shape(uneven, 32) == Shape(prefill=Pool(ranks=1 + 1, gpus=4 + 1, batch_limit=32),
+                                       decode=Pool(ranks=1 + 2, gpus=1 + 2, batch_limit=32))
+    dicts = [{"tp_size": i.tp_size, "attn_dp_size": i.attn_dp_size} for i in uneven.decode]
+    assert _shape(uneven, None).decode == pool_of(dicts)
 
 
 # --- fitting -------------------------------------------------------------------------------

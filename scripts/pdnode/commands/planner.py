@@ -26,8 +26,8 @@ from typing import Any
 from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
 from ..core.kv_path import SPEEDS, kv_bytes_from_config
 from ..core.resources import controller_dir
-from ..core.planner_model import (MeasurementError, Params, Pool, Prediction, Run, Shape, Workload, fit, predict,
-                            run_from_bench)
+from ..core.planner_model import (MeasurementError, Params, Pool, Prediction, Run, Shape, Workload, fit, pool_of,
+                                  predict, run_from_bench)
 
 SCHEMA = "pdnode.planner/1"
 # The stand-in's fake model moves PDNODE_SIM_KV_BYTES_PER_TOKEN bytes per prompt token
@@ -91,9 +91,11 @@ def _workload(args: argparse.Namespace, runs: Sequence[Run]) -> Workload:
 
 
 def _shape(cand: Any, batch_limit: int | None) -> Shape:
+    """A candidate's pools, counted by the same pool_of that reads a measured layout: one
+    rule for every instance of both, so the ranked layouts and the fitted ones agree."""
     def pool(insts: Sequence[Any]) -> Pool:
-        ranks = sum(i.attn_dp_size if i.attn_dp_size > 1 else 1 for i in insts)
-        return Pool(ranks=ranks, gpus=sum(i.tp_size for i in insts), batch_limit=batch_limit)
+        return pool_of([{"tp_size": i.tp_size, "attn_dp_size": i.attn_dp_size} for i in insts],
+                       [batch_limit] * len(insts))
 
     return Shape(prefill=pool(cand.prefill) if cand.prefill else None, decode=pool(cand.decode))
 
