@@ -20,6 +20,7 @@ import test_plan_hostile
 from planvars import ROOT, changed
 
 from pdnode.commands import cli
+from pdnode.core.deferred import Deferred
 from pdnode.core.inventory import load_inventory
 from pdnode.core.plan import PlanError, build_plan
 from pdnode.core.rules import BY_ID, RULES
@@ -35,6 +36,9 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "value-templated": ({"pdnode_model_served_name": "{{ name }}"}, set()),
     "value-control-character": ({"pdnode_model_served_name": "a\nb"}, set()),
     "value-finite": ({"pdnode_sim_startup_s": math.nan}, set()),
+    # values the inventory's reading did not compute (tests/test_check_runs_no_code.py reads them)
+    "value-needs-lookup": ({"pdnode_model_path": Deferred("{{ lookup('pipe', 'x') }}", "lookup('pipe')")}, set()),
+    "value-templated-at-deploy": ({"pdnode_fast_path": Deferred("{{ lookup('env', 'X') }}", "lookup('env')")}, set()),
     "role-variable-pattern": ({"pd_services_watchdog_s": "60s"}, set()),
     "hardening-off": ({"pd_services_device_policy": False}, set()),
     "engine-known": ({"pdnode_engine": "vllm"}, set()),

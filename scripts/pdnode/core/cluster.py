@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .deferred import REFUSED_FIX, REFUSED_RULE, Deferred, leaves
 from .instances import Instance
 from .values import zone_id
 
@@ -108,6 +109,10 @@ def _addresses(c: Any, v: dict[str, Any], host: str, names: list[str],
             continue
         if field in {p.field for p in c.problems}:
             continue  # this host's own value, already refused by its pattern (pdnode.core.values)
+        if isinstance(value, Deferred):  # another host's, not computed (pdnode.core.deferred)
+            c.error("value-needs-lookup", field, str.__str__(value), REFUSED_RULE.format(needs=value.needs),
+                    REFUSED_FIX)
+            continue
         if isinstance(value, str) and zone_id(value):
             c.error("host-zone-id", field, value, "is an address with an IPv6 zone id ('%...'); no host field "
                     "takes one (it cannot be written in a URL or a firewall rule, and text after '%' is not checked)",
@@ -137,7 +142,11 @@ def _same_description(c: Any, host: str, names: list[str], inventory: Mapping[st
         if name == host:
             continue
         theirs = inventory[name]
-        differs = [var for var in LAYOUT_VARIABLES if theirs.get(var) != c.raw.get(var)]
+        deferred = {var: leaves(theirs.get(var), f"{name}.{var}") for var in LAYOUT_VARIABLES}
+        for where, leaf in (found for var in LAYOUT_VARIABLES for found in deferred[var]):
+            # not computed (pdnode.core.deferred): what it will be is not known here
+            c.error("value-needs-lookup", where, str.__str__(leaf), REFUSED_RULE.format(needs=leaf.needs), REFUSED_FIX)
+        differs = [var for var in LAYOUT_VARIABLES if not deferred[var] and theirs.get(var) != c.raw.get(var)]
         if differs:
             var = differs[0]
             c.error("layout-same-on-every-host", f"{name}.{var}", theirs.get(var),

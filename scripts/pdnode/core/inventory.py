@@ -10,17 +10,26 @@ sees them. So ``pdnode check`` validates the value the deploy will use, by const
 Before Ansible reads anything, every file it could read is held to size, nesting and
 alias-expansion limits (inventory_limits.py): an alias bomb or a 20,000-deep nesting is
 refused in one line instead of running for minutes or ending in a traceback.
+
+Reading runs none of the inventory's code (inventory_guard.py): no lookup, no include, no
+filter or test from outside ansible-core or that reads the controller's files, no inventory
+script. A value that needs one is not computed: its variable (or the one string of a
+mapping or list that needs it) holds a ``deferred.Deferred``, the value as written, which
+the plan refuses or passes with a warning (pdnode.core.deferred).
 """
 
 from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from .deferred import Deferred
+from .inventory_guard import guard, needs
 from .inventory_limits import InventoryError, check_limits
 
 __all__ = ["HostVars", "InventoryError", "inventory_hosts", "inventory_variables", "load_inventory"]
@@ -85,6 +94,35 @@ def _contains(value: Any, kind: type) -> bool:
     return False
 
 
+_PROBE = "__pdnode_probe__"  # the name one string of a variable is templated under, alone
+
+
+def _templated(whole: Callable[[], Any], one: Callable[[Any], Any], raw: Any, record: list[str], where: str,
+               vault_type: type, error_type: type) -> Any:
+    """A variable's value as the playbooks see it (``whole()``), plain; where templating
+    needed code (``record``, inventory_guard.py), a Deferred instead: of the whole value
+    when it is one string, else of each string of the mapping or list that needs it
+    (``one(string)`` templates that string alone), so a message names the very key."""
+    record.clear()
+    try:
+        value = _plain(whole(), vault_type)
+    except Exception as exc:
+        if record:
+            value = None
+        elif isinstance(exc, error_type):
+            raise InventoryError(f"{where}: {_first_line(exc)}") from None
+        else:
+            raise
+    if not record:
+        return value
+    if isinstance(raw, dict):
+        return {_plain(k, vault_type): _templated(lambda v=v: one(v), one, v, record, where, vault_type, error_type)
+                for k, v in raw.items()}
+    if isinstance(raw, (list, tuple)):
+        return [_templated(lambda v=v: one(v), one, v, record, where, vault_type, error_type) for v in raw]
+    return Deferred(str.__str__(raw) if isinstance(raw, str) else str(raw), needs(record))
+
+
 def _first_line(exc: BaseException) -> str:
     text = getattr(exc, "message", None) or str(exc)
     return " ".join(str(text).split("\n")[0].split())
@@ -123,6 +161,7 @@ def _resolve_cached(_key: tuple, source: str) -> _Resolved:
     from ansible.parsing.vault import EncryptedString
     from ansible.utils.display import Display
     from ansible.vars.hostvars import HostVars as AnsibleHostVars
+    from ansible.vars.hostvars import HostVarsVars as AnsibleVarsView
     from ansible.vars.manager import VariableManager
 
     try:
@@ -143,41 +182,47 @@ def _resolve_cached(_key: tuple, source: str) -> _Resolved:
     real_warning = display.warning
     display.warning = lambda msg, *a, **k: warnings.append(_first_line(Exception(msg)))  # type: ignore[method-assign]
     try:
-        # messages name a file as inventories/gpu01/group_vars/all/x.yml does: from the
-        # folder that holds the inventory
-        base = os.path.dirname(os.path.abspath(source if os.path.isdir(source) else os.path.dirname(source)))
-        loader = DataLoader()
-        inventory = InventoryManager(loader=loader, sources=[source])
-        manager = VariableManager(loader=loader, inventory=inventory)
-        hostvars = AnsibleHostVars(inventory=inventory, variable_manager=manager, loader=loader)
-        hosts = inventory.get_hosts()
-        if not hosts:
-            why = "; ".join(w for w in warnings if w) or "it defines no hosts"
-            raise InventoryError(f"{source}: Ansible read no hosts from it ({why}); "
-                                 f"`ansible-inventory -i {source} --graph` shows what Ansible sees")
-        out: dict[str, HostVars] = {}
-        for host in hosts:
-            raw = manager.get_vars(host=host, include_hostvars=False)
-            variables: dict[str, Any] = {}
-            sources: dict[str, str] = {}
-            for key in sorted(raw):
-                if key in _MAGIC:
-                    continue
-                name, value = str.__str__(key), raw[key]
-                if not _contains(value, EncryptedString):
-                    try:
-                        value = hostvars[host.name][name]  # templated, as the playbooks see it
-                    except AnsibleError as exc:
-                        raise InventoryError(f"{source}: host {host.name}: variable {name}: "
-                                             f"{_first_line(exc)}") from None
-                variables[name] = _plain(value, EncryptedString)
-                origin = Origin.get_tag(raw[key]) if Origin is not None else None
-                if origin is not None and origin.path:
-                    sources[name] = _relative(origin.path, base)
-            groups = ("all",) + tuple(sorted(str.__str__(g.name) for g in host.get_groups() if g.name != "all"))
-            name = str.__str__(host.name)
-            out[name] = HostVars(host=name, groups=groups, variables=variables, sources=sources)
-        return _Resolved(hosts=out)
+        with guard() as record:  # none of the inventory's code runs (inventory_guard.py)
+            # messages name a file as inventories/gpu01/group_vars/all/x.yml does: from the
+            # folder that holds the inventory
+            base = os.path.dirname(os.path.abspath(source if os.path.isdir(source) else os.path.dirname(source)))
+            loader = DataLoader()
+            inventory = InventoryManager(loader=loader, sources=[source])
+            manager = VariableManager(loader=loader, inventory=inventory)
+            hostvars = AnsibleHostVars(inventory=inventory, variable_manager=manager, loader=loader)
+            hosts = inventory.get_hosts()
+            if not hosts:
+                why = "; ".join(w for w in warnings if w) or "it defines no hosts"
+                raise InventoryError(f"{source}: Ansible read no hosts from it ({why}); "
+                                     f"`ansible-inventory -i {source} --graph` shows what Ansible sees")
+            out: dict[str, HostVars] = {}
+            for host in hosts:
+                raw = manager.get_vars(host=host, include_hostvars=False)
+                view = hostvars[host.name]  # templates on access, as the playbooks' hostvars do
+
+                def probe(text: Any, _host: str = host.name) -> Any:
+                    """One string of a variable, templated alone among the host's variables."""
+                    return AnsibleVarsView({**hostvars.raw_get(_host), _PROBE: text}, loader=loader, host=_host)[_PROBE]
+
+                variables: dict[str, Any] = {}
+                sources: dict[str, str] = {}
+                for key in sorted(raw):
+                    if key in _MAGIC:
+                        continue
+                    name, value = str.__str__(key), raw[key]
+                    if _contains(value, EncryptedString):
+                        variables[name] = _plain(value, EncryptedString)
+                    else:  # templated, as the playbooks see it
+                        variables[name] = _templated(
+                            lambda n=name, vv=view: vv[n], probe, raw[key], record,
+                            f"{source}: host {host.name}: variable {name}", EncryptedString, AnsibleError)
+                    origin = Origin.get_tag(raw[key]) if Origin is not None else None
+                    if origin is not None and origin.path:
+                        sources[name] = _relative(origin.path, base)
+                groups = ("all",) + tuple(sorted(str.__str__(g.name) for g in host.get_groups() if g.name != "all"))
+                name = str.__str__(host.name)
+                out[name] = HostVars(host=name, groups=groups, variables=variables, sources=sources)
+            return _Resolved(hosts=out)
     except AnsibleError as exc:
         raise InventoryError(f"{source}: {_first_line(exc)}") from None
     finally:

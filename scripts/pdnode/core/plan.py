@@ -16,7 +16,7 @@ from importlib import resources
 from typing import Any
 
 from ..node import releases
-from . import argtable, cluster, disagg, guards, kv_path, mooncake_select, router_judge, values
+from . import argtable, cluster, deferred, disagg, guards, kv_path, managed, mooncake_select, router_judge, values
 from .resources import controller_dir
 from . import instances as inst_rules
 from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
@@ -102,6 +102,8 @@ class Plan:
             "router_argv": self.router_argv() if "router" in self.services else [], "ports": self.ports,
             "settings": self.settings, "cluster": self.cluster, "firewall": self.firewall,
             "warnings": [str(w) for w in self.warnings],
+            # every path the deploy's roles write, its mode and owner, what a re-run restores
+            "managed": managed.paths(self.install, self.services, bool(self.settings.get("pdnode_api_key_file"))),
         }
 
 
@@ -176,6 +178,29 @@ def _retired_for(raw: dict[str, Any], name: str) -> bool:
     """Whether the one-instance variables that ``name`` (pdnode_<role>_instances) replaced are set."""
     role = name.removesuffix("instances")
     return name.endswith("_instances") and any(n.startswith(role) for n in raw if n in RETIRED_ROLE_VARIABLES)
+
+
+def _deferred(c: _Checker) -> None:
+    """Values the inventory's reading did not compute because they need code run on the
+    controller (pdnode.core.deferred): refused where they reach a unit, an environment
+    file, argv or ServerArgs; else a warning, and the plan is computed without them."""
+    kept: dict[str, Any] = {}
+    for name in c.raw:
+        found = deferred.leaves(c.raw[name], name)
+        if not found or (name.startswith("pdnode_") and not deferred.lands_in_unit(name)
+                         and name not in deferred.DEPLOY_TIME_FIELDS):
+            kept[name] = c.raw[name]  # (an unknown pdnode_* name: refused as unknown, as written)
+            continue
+        for where, leaf in found:
+            text = str.__str__(leaf)
+            if deferred.lands_in_unit(name):
+                c.error("value-needs-lookup", where, text, deferred.REFUSED_RULE.format(needs=leaf.needs),
+                        deferred.REFUSED_FIX)
+            else:
+                c.warn("value-templated-at-deploy", where, text, deferred.WARNED_RULE.format(needs=leaf.needs),
+                       deferred.WARNED_FIX)
+    if len(kept) != len(c.raw):
+        c.raw = kept
 
 
 def _unknown_variables(c: _Checker) -> None:
@@ -269,6 +294,9 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     all problems. ``inventory`` maps every inventory host to its variables (only the
     hosts a multi-host layout names are read: their address and layout description)."""
     c = _Checker(variables)
+    _deferred(c)
+    if c.problems:  # what the value is, is not known: the rest would judge a template's text
+        raise PlanError(c.problems)
     _unknown_variables(c)
     inst_rules.check_retired(c)
     v = {f.name: c.get(f.name) for f in FIELDS}

@@ -31,6 +31,12 @@ RULES: tuple[Rule, ...] = (
     Rule("value-control-character", "error", "a string anywhere (keys included) holds a control character "
          "(newline, tab, escape, bidi, ...)"),
     Rule("value-finite", "error", "a number is NaN or infinite"),
+    Rule("value-needs-lookup", "error", "a value that reaches a unit, an environment file, a command line or "
+         "ServerArgs needs code run on the controller to be computed (a lookup, a filter or test from outside "
+         "ansible-core or one that reads files, an include): check runs none of the inventory's code"),
+    Rule("value-templated-at-deploy", "warning", "a value that reaches no unit, argv or ServerArgs (connection "
+         "variables, the site's own, the verification's, ...) needs code run on the controller: check runs none, "
+         "so the deploy templates it and check does not judge it"),
     Rule("role-variable-pattern", "error", "a role variable an inventory may set (`pd_services_*`, `sglang_*`, "
          "`mooncake_*`, `rdma_*`, `nvidia_driver_*`, `monitoring_*`: `pdnode.core.values.ROLE_RULES`) does not match the "
          "pattern its role asserts (interpreters, package names, host paths, limits, URLs)"),
