@@ -1,7 +1,9 @@
 """The verifier against a real stand-in node (tests/standin/node.py: prefill + decode
 stand-ins with Mooncake over TCP, the REAL sglang-router 0.3.2), healthy and with each
 fault made to happen for real. One node for the module (started with an API key, the
-router's control-plane admin key and a 1 s SGLANG_DISAGGREGATION_WAITING_TIMEOUT); faults
+router's control-plane admin key and a 2 s SGLANG_DISAGGREGATION_WAITING_TIMEOUT: a hundred
+times a healthy hand-off here, so only the transfer_stall fault misses it, and short enough
+that the router's retries of a stalled request end inside the verifier's 15 s); faults
 are switched with POST /sim/faults and cleared after each test. Order matters:
 transfer_stall trips the router's circuit breaker (open for the plan's
 cb_timeout_duration_secs) and decode_stopped kills decode, so they run last.
@@ -58,7 +60,7 @@ def node(tmp_path_factory):
     # the router as the plan starts it: admin key, and the plan's circuit-breaker timeout
     router_args = [*control_plane_args(ADMIN_KEY), "--cb-timeout-duration-secs",
                    str(plan_for_node_defaults()["services"]["router"]["args"]["cb_timeout_duration_secs"])]
-    with standin_node(d, api_key=KEY, env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "1"},
+    with standin_node(d, api_key=KEY, env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "2"},
                       router_args=router_args) as n:
         TIMINGS["node_start_s"] = round(n.started_s, 2)
         yield n
@@ -266,7 +268,7 @@ def test_transfer_stalled(node, plan, key_file):
     checks = by_id(rep)
     assert rep.exit_code == 1, explain(rep)
     assert checks["disaggregation"].status == "FAIL" and "KV transfers failed on prefill-0" in \
-        checks["disaggregation"].evidence
+        checks["disaggregation"].evidence, explain(rep)
     # the hand-off the verifier sends the pair itself stalls too: both instances' proofs fail
     assert checks["disaggregation.prefill-0"].status == "FAIL", explain(rep)
     assert "WAITING_TIMEOUT" in checks["disaggregation"].hint
