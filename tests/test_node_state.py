@@ -129,6 +129,36 @@ def test_directory_verdicts_agree_with_the_file_module(tmp_path):
     assert verdicts.count(True) >= 8 and verdicts.count(False) >= 5, verdicts
 
 
+def test_a_file_read_without_its_content_agrees_with_the_file_module(tmp_path):
+    """A file made on the host (the router's admin key: pd_services' read gives no sha256)
+    is judged by its presence, kind, mode, owner and group, as the file module judges an
+    existing file, and its content is never read (a key of mode 0000 is judged too)."""
+    rng = random.Random(23)  # noqa: S311 - reproducible cases, not secrets
+    verdicts = []
+    for i in range(50):
+        path = tmp_path / f"key{i}"
+        want = {"path": str(path), "mode": rng.choice(["0400", "0440", "0600"]),
+                "owner": rng.choice(USERS), "group": rng.choice(GROUPS)}
+        plant(rng, path, want, rng.choice(["secret\n", ""]))
+        ours = run(node_state, {"files": [want]})
+        if not path.exists():
+            assert ours["drift"] == [f"file {path}: missing"]
+            continue
+        if path.is_dir():
+            assert ours["drift"] == [f"file {path}: not a regular file"]
+            continue
+        assert not any("content" in line for line in ours["drift"]), ours["drift"]
+        real = run(builtin("file"), {**want, "state": "file"})
+        assert bool(ours["drift"]) == real["changed"], (i, ours["drift"], real)
+        verdicts.append(real["changed"])
+    assert verdicts.count(True) >= 8 and verdicts.count(False) >= 8, verdicts
+    unreadable = tmp_path / "unreadable"
+    unreadable.write_text("secret\n")
+    unreadable.chmod(0)
+    assert run(node_state, {"files": [{"path": str(unreadable), "mode": "0000", "owner": USER,
+                                       "group": GROUP}]})["drift"] == []
+
+
 def test_account_verdicts_agree_with_the_group_and_user_modules():
     rng = random.Random(22)  # noqa: S311 - reproducible cases, not secrets
     verdicts = []

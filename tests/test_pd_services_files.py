@@ -242,6 +242,26 @@ def test_check_mode_counts_the_file_it_would_write(tmp_path):
     assert (tmp_path / "p.json").read_text() == "{}"
 
 
+def test_a_record_given_another_mode_or_owner_gets_its_own_back(tmp_path):
+    """The records are managed paths too (pdnode.core.managed): a record's content decides a
+    restart, its mode and owners are given back without one."""
+    applied = tmp_path / "applied"
+    args = {"files": _service_files(tmp_path), "applied_dir": str(applied)}
+    run(args)
+    run({**args, "record": ["prefill", "router"]})
+    record = applied / "prefill.sha256"
+    digest = record.read_text()
+    record.chmod(0o644)
+    seen = run(args, check=True)
+    assert seen["changed"] and seen["changed_paths"] == [str(record)] and seen["restart_roles"] == []
+    assert record.stat().st_mode & 0o7777 == 0o644  # check mode changes nothing
+    fixed = run(args)
+    assert fixed["changed_paths"] == [str(record)] and fixed["restart_roles"] == []
+    st = record.stat()
+    assert (st.st_mode & 0o7777, st.st_uid, st.st_gid, record.read_text()) == (0o600, os.getuid(), os.getgid(), digest)
+    assert not run(args)["changed"]
+
+
 def test_record_refuses_an_unknown_role(tmp_path):
     result = run({"files": _service_files(tmp_path), "applied_dir": str(tmp_path / "a"), "record": ["decode"]})
     assert result["failed"] and "unknown roles" in result["msg"]
@@ -249,15 +269,40 @@ def test_record_refuses_an_unknown_role(tmp_path):
 
 def test_admin_key_made_once_private_and_never_printed(tmp_path):
     key = tmp_path / "router-admin-key"
-    cmd = [sys.executable, "-", str(key), USER]
+    cmd = [sys.executable, "-", str(key), USER, GROUP, "0400"]
     first = subprocess.run(cmd, input=ADMIN_KEY.read_text(), capture_output=True, text=True, check=True)
     value = key.read_text()
     assert len(value) == 65 and value.endswith("\n") and int(value, 16) >= 0
     assert oct(key.stat().st_mode & 0o777) == "0o400" and key.stat().st_uid == os.getuid()
-    assert first.stdout == "" and first.stderr == ""
+    assert first.stdout == "changed\n" and first.stderr == ""
     # Never replaces an existing key, leaves nothing behind.
-    subprocess.run(cmd, input=ADMIN_KEY.read_text(), capture_output=True, text=True, check=True)
+    again = subprocess.run(cmd, input=ADMIN_KEY.read_text(), capture_output=True, text=True, check=True)
+    assert again.stdout == "unchanged\n"
     assert key.read_text() == value
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["router-admin-key"]
+
+
+def test_admin_key_given_back_its_mode_and_owners_never_replaced(tmp_path):
+    """Issue 27, item 6: a key chowned by hand stopped the router, and every deploy after
+    it failed without repairing it (the key was made only when missing)."""
+    key = tmp_path / "router-admin-key"
+    cmd = [sys.executable, "-", str(key), USER, GROUP, "0400"]
+    subprocess.run(cmd, input=ADMIN_KEY.read_text(), capture_output=True, text=True, check=True)
+    value = key.read_text()
+    others = [g.gr_gid for g in grp.getgrall() if g.gr_gid != os.getgid()] if os.getuid() == 0 else []
+    key.chmod(0o644)
+    if others:
+        os.chown(key, -1, others[0])
+    fixed = subprocess.run(cmd, input=ADMIN_KEY.read_text(), capture_output=True, text=True, check=True)
+    assert fixed.stdout == "changed\n" and value not in fixed.stdout + fixed.stderr
+    st = key.stat()
+    assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o400, os.getuid(), os.getgid())
+    assert key.read_text() == value
+    # anything but a regular file there is refused, left as it is, and no key is made beside it
+    key.unlink()
+    key.mkdir()
+    refused = subprocess.run(cmd, input=ADMIN_KEY.read_text(), capture_output=True, text=True, check=False)
+    assert refused.returncode != 0 and "not a regular file" in refused.stderr and key.is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["router-admin-key"]
 
 

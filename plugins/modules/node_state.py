@@ -27,7 +27,12 @@ options:
     default: []
     suboptions:
       path: {description: Absolute path., type: path, required: true}
-      sha256: {description: SHA-256 (hex) of the full content., type: str, required: true}
+      sha256:
+        description:
+          - SHA-256 (hex) of the full content. Left out for a file whose content is made on the
+            host (a key); then only its presence, kind, mode, owner and group are judged, and
+            its content is never read.
+        type: str
       mode: {description: Octal mode as a string., type: str, required: true}
       owner: {description: Owner name., type: str, default: root}
       group: {description: Group name., type: str, default: root}
@@ -141,11 +146,13 @@ def file_drift(want: dict) -> list[str]:
         return [f"file {path}: missing"]
     if not stat.S_ISREG(st.st_mode):
         return [f"file {path}: not a regular file"]
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    lines = [] if digest.hexdigest() == want["sha256"] else [f"file {path}: content differs"]
+    lines = []
+    if want.get("sha256") is not None:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        lines = [] if digest.hexdigest() == want["sha256"] else [f"file {path}: content differs"]
     return lines + owner_drift("file", path, st, want)
 
 
@@ -296,7 +303,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "files": {"type": "list", "elements": "dict", "default": [],
-                      "options": {**owned, "sha256": {"type": "str", "required": True}}},
+                      "options": {**owned, "sha256": {"type": "str"}}},
             "directories": {"type": "list", "elements": "dict", "default": [], "options": owned},
             "packages": {"type": "list", "elements": "str", "default": []},
             "units": {"type": "list", "elements": "dict", "default": [],

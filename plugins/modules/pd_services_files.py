@@ -27,6 +27,8 @@ description:
     is compared with the digest recorded when that service was last (re)started
     (O(applied_dir)); a mismatch lists the role in RV(restart_roles) even when nothing was
     written in this run (for example after a deploy was interrupted before its restart).
+  - A record with another mode or owner than the module gives it (0600, owned by the
+    module's user, root on a host) is given them back, and listed in RV(changed_paths).
   - With O(record), writes nothing but the records (the digests of the given roles as they
     are on disk now); call it after those services restarted.
   - One module call instead of one per file keeps a no-change run of the deploy fast.
@@ -186,6 +188,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -194,6 +197,9 @@ TMP_PREFIX = ".pdnode-"
 TMP_SUFFIX = ".tmp"
 # mkstemp's names only: a leftover of a killed run, never anything else in /etc.
 TMP_RE = re.compile(r"^\.pdnode-[A-Za-z0-9_]{8}\.tmp$")
+# The records: the module's user's alone (root:root on a host: pdnode.core.managed lists
+# them with this mode and owners), as _write_records makes them.
+RECORD_MODE = 0o600
 SECRET_DIFF = "(secret: content not shown)\n"  # noqa: S105 - a placeholder, not a password
 
 
@@ -265,6 +271,32 @@ def _applied(applied_dir, role):
     return raw.decode(errors="replace").strip() if raw is not None else None
 
 
+def _records_to_fix(applied_dir, roles):
+    """The records whose mode or owners are not the ones _write_records gives them (a
+    record's content is judged by the restart decision: one that differs restarts its
+    service, which records it again)."""
+    out = []
+    for role in roles:
+        path = _record_path(applied_dir, role)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        want = (RECORD_MODE, os.geteuid(), os.getegid())
+        if stat.S_ISREG(st.st_mode) and (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) != want:
+            out.append(path)
+    return out
+
+
+def _fix_record(path):
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fchown(fd, os.geteuid(), os.getegid())
+        os.fchmod(fd, RECORD_MODE)
+    finally:
+        os.close(fd)
+
+
 def _fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -282,7 +314,7 @@ def _write_records(applied_dir, digests):
                 fh.write(digest + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.chmod(tmp, 0o600)
+            os.chmod(tmp, RECORD_MODE)
             os.replace(tmp, _record_path(applied_dir, role))
         finally:
             if os.path.exists(tmp):
@@ -497,6 +529,10 @@ def main():
                    for item in plan] + _input_sources(p["inputs"], listed)
         digests = _digests(sources, roles)
         restart = [r for r in roles if _applied(p["applied_dir"], r) != digests[r]]
+    records = _records_to_fix(p["applied_dir"], roles) if p["applied_dir"] else []
+    if records and not module.check_mode:
+        for record in records:
+            _fix_record(record)
 
     # Only now, every validator passed and the files in place: units the plan no longer
     # has are disabled (their files still there for systemctl), then their files go.
@@ -512,7 +548,7 @@ def main():
         path.startswith("/etc/systemd/system/") for path in removed) or _needs_daemon_reload(
         module, [os.path.basename(item["path"]) for item in plan
                  if item["spec"]["unit"] and not _is_drop_in(item["path"])])
-    changed_paths = [item["path"] for item in plan if item["write"]] + removed
+    changed_paths = [item["path"] for item in plan if item["write"]] + removed + records
     module.exit_json(changed=bool(changed_paths or restart or reload_ or disabled), changed_paths=changed_paths,
                      restart_roles=restart, daemon_reload=reload_, recorded=[], disabled=disabled, diff=diffs)
 

@@ -40,7 +40,8 @@ KEY_FILE = "molecule/node/files/test-api-key"
 # restarted, all restarted but not recorded. PDNODE_KILL_ALL=1 adds every other boundary.
 KILL_BEFORE = [
     "pdnode.sglang_pd.sglang : Tell the services whether the release or the router's venv changed",
-    "pdnode.sglang_pd.pd_services : Make the router's admin key on the host when it has none",
+    "pdnode.sglang_pd.pd_services : Make the router's admin key on the host when it has none, or give it its mode "
+    "and owners",
     "pdnode.sglang_pd.pd_services : Apply unit changes before starting",
     "handler: pdnode.sglang_pd.pd_services : Restart the changed engines, one at a time",
     "handler: pdnode.sglang_pd.pd_services : Restart router",

@@ -136,6 +136,18 @@ class Firewall(TypedDict):
     public_tcp_ports: list[int]
 
 
+class ManagedPath(TypedDict):
+    """A path the deploy's roles write (pdnode.core.managed), as they write it."""
+    path: str
+    kind: Literal["directory", "config", "env", "unit", "drop-in", "record", "secret", "marker"]
+    mode: str  # octal, as the roles give it
+    owner: str
+    group: str
+    role: Literal["sglang", "pd_services"]  # the role that writes it
+    # what a re-run of the deploy restores when it drifted
+    restores: list[Literal["content", "mode", "owner", "group", "presence"]]
+
+
 # The settings are the validated pdnode_* values with defaults filled in: their types are
 # the field table's (pdnode.core.fields), not a second list.
 _KIND_TYPES: dict[str, Any] = {
@@ -158,6 +170,7 @@ class PlanDoc(TypedDict):
     cluster: Cluster
     firewall: Firewall
     warnings: list[str]
+    managed: list[ManagedPath]  # every path the deploy's roles write (pdnode.core.managed)
 
 
 def export() -> dict[str, Any]:
