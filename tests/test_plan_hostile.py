@@ -306,7 +306,7 @@ ACCEPTED = [
     pytest.param({"pdnode_model_path": "/models/Qwen2.5-7B-Instruct"}, id="model_path"),
     pytest.param({"pdnode_engine_environment": {"SGLANG_DISAGGREGATION_QUEUE_SIZE": 8,
                                                 "MC_TCP_BIND_ADDRESS": "10.0.0.1", "NCCL_IB_HCA": "mlx5_0,mlx5_1",
-                                                "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": True}}, id="environment"),
+                                                "MC_TE_METRIC": True}}, id="environment"),
     pytest.param({"prefill[0]": {"extra_args": {"chunked_prefill_size": 8192, "watchdog_timeout": 600,
                                                 "dtype": "bfloat16", "enable_metrics_for_all_schedulers": True,
                                                 "json_model_override_args": {"a": 1}}}}, id="extra_args"),

@@ -124,6 +124,10 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "ib-device-key-gpu-id": ({"pdnode_ib_devices": {**IB, "gpu8": "mlx5_8"}}, set()),
     "ib-device-name": ({"pdnode_ib_devices": {**IB, 8: "mlx5 8"}}, set()),
     "ib-devices-cover-gpus": ({"pdnode_ib_devices": {0: "mlx5_0"}}, set()),
+    # the engines' environment against the plan's KV path (gpu01: NVLink; tests/test_kv_environment.py)
+    "kv-environment-owned": ({"pdnode_engine_environment": {"MC_INTRANODE_NVLINK": "1"}}, set()),
+    "kv-environment-contradicts": ({"pdnode_engine_environment": {"MC_FORCE_MNNVL": "1"}}, set()),
+    "kv-environment-surprising": ({"pdnode_engine_environment": {"MC_GID_INDEX": 3}}, set()),
     "router-package-known": ({"pdnode_router_package": "sglang_router"}, set()),
     "router-smg-cache-aware": ({"pdnode_router_policy": "cache_aware", "pdnode_prefill_instances": [{"gpus": [0, 1], "tp_size": 2},
                                                                           {"gpus": [2, 3], "tp_size": 2}]}, set()),

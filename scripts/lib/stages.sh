@@ -47,7 +47,9 @@ logged_stage() {  # logged_stage NAME COMMAND...: the same, output into a log of
   # timeout leads a process group of its own (the command's children with it): the
   # watcher's stop reaches all of them
   timeout -k 60 "$stage_limit_s" "$@" >"$log" 2>&1 & pid=$!
-  watch_stage "$pid" "$log" "$whyfile" & watcher=$!
+  # the watcher's output goes nowhere: a sleep it leaves behind must not hold the caller's
+  # pipe open (CI reads this script's output to its end)
+  watch_stage "$pid" "$log" "$whyfile" >/dev/null 2>&1 & watcher=$!
   wait "$pid" || rc=$?
   kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null || true
   if [ "$rc" -eq 0 ]; then

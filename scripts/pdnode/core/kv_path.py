@@ -3,10 +3,10 @@ chooses, its expected speed, and what the engines need for it (docs/kv-path.md).
 
 One transport per engine. Mooncake's transfer engine installs a single transport when
 it starts: with MC_INTRANODE_NVLINK set it installs the intra-node NVLink transport
-(CUDA IPC) *instead of* RDMA or TCP, ahead of HCA detection and of MC_FORCE_TCP
-(Mooncake, mooncake-transfer-engine/src/transfer_engine_impl.cpp: "Explicit env var
-overrides take priority over HCA auto-detection"), and that transport reaches GPUs of
-its own host only. The router sends any prefill's KV to any decode, so the path is the
+(CUDA IPC) *instead of* RDMA or TCP, ahead of HCA detection (Mooncake,
+mooncake-transfer-engine/src/transfer_engine_impl.cpp: "Explicit env var overrides take
+priority over HCA auto-detection"); only MC_FORCE_TCP comes before it (0.3.14: "MC_FORCE_TCP
+is set, using TCP transport only"). That transport reaches GPUs of its own host only. The router sends any prefill's KV to any decode, so the path is the
 layout's: NVLink when every instance runs on one host (whose GPUs NVLink joins),
 otherwise RDMA over the NICs, or TCP without them.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # Expected hand-off speed per path, GB/s (1e9 bytes), and where the number comes from.
 SPEEDS: dict[str, tuple[float, str]] = {
@@ -152,3 +152,191 @@ def handoff_seconds(bytes_per_token: int | None, prompt_tokens: int, gb_s: float
     if not bytes_per_token:
         return None
     return bytes_per_token * prompt_tokens / (gb_s * 1e9)
+
+
+# --- The engines' environment judged against the path (issue 28, item 7; docs/kv-path.md) ---
+# pdnode_engine_environment reaches every prefill and decode; these variables choose
+# Mooncake's transport or SGLang's KV memory pool, so a value there can make the engines do
+# something else than the path the plan chose (and `explain`, the verify floor and the
+# planner's hand-off term describe). Read from the pinned releases as SGLang 0.5.23 starts
+# Mooncake 0.3.14: TransferEngine.initialize(host, "P2PHANDSHAKE", MOONCAKE_PROTOCOL, device)
+# with topology auto-discovery, so the transport comes from the MC_* switches and the NICs
+# found (transfer_engine_impl.cpp), never from the protocol argument, which only picks the
+# buffer allocator (transfer_engine_py.cpp, initMemoryAllocator). A verdict per variable:
+#   owned        the plan renders it for the path: a second value would be replaced unseen
+#   contradicts  the engines would run another transport or memory pool than the plan says
+#   surprising   it does nothing on this path, or steers it where pdnode checks nothing
+MOONCAKE_PATHS = ("nvlink", "rdma", "tcp")  # the nixl backend never starts Mooncake
+# The address every rank advertises for the hand-off (SGLang's get_local_ip_auto reads it
+# first, then HOST_IP, then SGLANG_LOCAL_IP_NIC): the plan sets it on a layout over hosts.
+ADDRESS_VARIABLE = "SGLANG_HOST_IP"
+# SGLang 0.5.23's custom pool types (srt/disaggregation/mooncake/utils.py; "true" is NVLINK),
+# and what each does to the engines (srt/mem_cache/utils.py makes the pool whatever the
+# backend; srt/disaggregation/utils.py moves the metadata buffers).
+CUSTOM_MEM_POOL_TYPES = {
+    "NVLINK": "makes the KV cache a fabric-memory pool (Mooncake's NVLinkAllocator) for the multi-node NVLink "
+              "transport (MNNVL)",
+    "BAREX": "makes the KV cache a pool for Mooncake's Barex transport",
+    "INTRA_NODE_NVLINK": "puts the hand-off's metadata buffers on the GPU for the intra-node NVLink transport's "
+                         "CUDA IPC",
+}
+# Read by Mooncake's RDMA transport only (config.cpp: the IB port and GID index;
+# rdma_transport.cpp: the RDMA-side address).
+RDMA_ONLY = ("MC_GID_INDEX", "MC_IB_PORT", "MC_RDMA_BIND_ADDRESS")
+# Read only when Mooncake runs: the backend nixl makes them do nothing.
+MOONCAKE_ONLY = ("MC_FORCE_TCP", "MC_INTRANODE_NVLINK", "MC_FORCE_MNNVL", "MC_FORCE_HCA", "MC_USE_TENT",
+                 "MC_USE_TEV1", "MC_TE_FILTERS", "MC_CUSTOM_TOPO_JSON", "MC_TCP_BIND_ADDRESS", *RDMA_ONLY,
+                 "MOONCAKE_PROTOCOL", "SGLANG_MOONCAKE_SEND_AUX_TCP", "ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE")
+NIXL_ONLY = ("SGLANG_DISAGGREGATION_NIXL_BACKEND", "SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS")
+# SGLang's EnvBool (srt/environ.py): anything else raises when the variable is read.
+_TRUE, _FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
+# Every variable judged here (tests/test_kv_environment.py holds a refused or warned case and
+# an accepted one for each).
+JUDGED_ENVIRONMENT = frozenset((*NVLINK_ENVIRONMENT, ADDRESS_VARIABLE, "HOST_IP", "SGLANG_LOCAL_IP_NIC",
+                                *MOONCAKE_ONLY, *NIXL_ONLY))
+
+
+class EnvironmentFinding(NamedTuple):
+    verdict: str  # owned | contradicts | surprising
+    variable: str
+    why: str
+    fix: str
+
+
+def judge_environment(env: dict[str, Any], path: str, multi_host: bool,
+                      ib_map: dict[int, str]) -> list[EnvironmentFinding]:
+    """Every variable of ``env`` (pdnode_engine_environment, values as the plan renders
+    them) that steers the KV transport or its memory pool against the layout's ``path``;
+    ``ib_map``: this host's GPU -> its NICs (pdnode_ib_devices, empty when unset)."""
+    found = []
+    for name, value in env.items():
+        verdict = _judge(str(name), str(value), path, multi_host, ib_map)
+        if verdict is not None:
+            found.append(EnvironmentFinding(verdict[0], str(name), *verdict[1:]))
+    return found
+
+
+def _judge(name: str, value: str, path: str, multi_host: bool,
+           ib_map: dict[int, str]) -> tuple[str, str, str] | None:
+    on = f"the plan's KV path is {path}"
+    if name in NVLINK_ENVIRONMENT and path == "nvlink":
+        return ("owned", f"the plan sets {name}={NVLINK_ENVIRONMENT[name]} in every engine for its NVLink path",
+                "remove it (pdnode_kv_intranode_nvlink chooses the path)")
+    if name == ADDRESS_VARIABLE and multi_host:
+        return ("owned", "the plan sets it in every engine to the host's pdnode_node_address, the address its "
+                "peers and the firewall know", "remove it and set pdnode_node_address of the host")
+    if name == "SGLANG_MOONCAKE_CUSTOM_MEM_POOL":  # SGLang makes the pool whatever the backend
+        kind = "NVLINK" if value.lower() == "true" else value
+        if kind in CUSTOM_MEM_POOL_TYPES:
+            return ("contradicts", f"{CUSTOM_MEM_POOL_TYPES[kind]}; {on}, which does not use it",
+                    "remove it (the plan sets it itself on the NVLink path)")
+        return ("surprising", "is not a pool type SGLang 0.5.23 knows (NVLINK, BAREX, INTRA_NODE_NVLINK, true): "
+                "ignored", "remove it")
+    if name in ("HOST_IP", "SGLANG_LOCAL_IP_NIC", ADDRESS_VARIABLE):  # SGLANG_HOST_IP: one host here
+        if multi_host:
+            return ("surprising", f"SGLang reads it only without {ADDRESS_VARIABLE}, which the plan sets on a layout "
+                    "over several hosts: it does nothing", "remove it")
+        return ("surprising", "the engines advertise this address (or this NIC's) to their peers for the hand-off "
+                "instead of the one they find, and pdnode checks it nowhere: one not on this host fails every "
+                "hand-off", "remove it: on one host the engines find their own address")
+    if name in MOONCAKE_ONLY and path not in MOONCAKE_PATHS:
+        return ("surprising", f"only Mooncake reads it, and {on} (the backend nixl does not start Mooncake)",
+                "remove it")
+    if name in NIXL_ONLY:
+        if path != "nixl":
+            return ("surprising", f"only the nixl backend reads it, and {on} over Mooncake", "remove it")
+        if name == "SGLANG_DISAGGREGATION_NIXL_BACKEND" and value != "UCX":
+            return ("surprising", "the plan's nixl path is UCX's choice (SGLang's default NIXL backend); another "
+                    "backend is neither planned nor measured", "remove it, or measure the hand-off yourself")
+        return None
+    return _judge_mooncake(name, value, path, multi_host, ib_map, on)
+
+
+def _judge_mooncake(name: str, value: str, path: str, multi_host: bool, ib_map: dict[int, str],
+                    on: str) -> tuple[str, str, str] | None:
+    """A variable Mooncake or SGLang's Mooncake backend reads, on one of MOONCAKE_PATHS.
+    Mooncake tests its switches for presence: any value, "0" included, turns them on."""
+    nvlink_fix = "remove it; for NVLink keep every instance on one host with pdnode_kv_intranode_nvlink: true"
+    if name == "MC_FORCE_TCP" and path != "tcp":
+        fix = "remove it; for TCP set pdnode_transfer_backend: mooncake_tcp"
+        return ("contradicts", f"Mooncake then installs only TCP, whatever the value, ahead of every other choice "
+                f"(0.3.14: 'MC_FORCE_TCP is set, using TCP transport only'): the hand-off would run at about "
+                f"{SPEEDS['tcp'][0]:g} GB/s while {on}",
+                fix + (" and pdnode_kv_intranode_nvlink: false" if path == "nvlink" else ""))
+    if name == "MC_INTRANODE_NVLINK":  # path is rdma or tcp: on nvlink the plan owns it
+        if path == "tcp":
+            why = (f"asks for Mooncake's intra-node NVLink transport while {on} (MC_FORCE_TCP, which SGLang sets "
+                   "for mooncake_tcp, wins in Mooncake 0.3.14)")
+        elif multi_host:
+            why = ("Mooncake then installs its intra-node NVLink transport, whatever the value, which reaches GPUs "
+                   f"of its own host only: every hand-off between the layout's hosts fails ({on})")
+        else:
+            why = (f"Mooncake then installs its intra-node NVLink transport, whatever the value, while {on} "
+                   "(pdnode_kv_intranode_nvlink: false)")
+        return "contradicts", why, "remove it" if multi_host else nvlink_fix
+    if name == "MC_FORCE_MNNVL":
+        why = ("asks for Mooncake's multi-node NVLink transport (MNNVL), which no pdnode layout uses and the PyPI "
+               "builds pdnode installs do not include (0.3.14: 'transport was requested but is not compiled in, "
+               f"falling back to RDMA/TCP'); {on}")
+        if path == "nvlink":
+            why += ("; SGLang's PR 17866: never together with MC_INTRANODE_NVLINK, which the plan sets on this "
+                    "path")
+        return "contradicts", why, "remove it"
+    if name == "MC_FORCE_HCA" and path != "rdma":
+        first = "MC_INTRANODE_NVLINK (the plan's)" if path == "nvlink" else "MC_FORCE_TCP (SGLang's for mooncake_tcp)"
+        return "surprising", f"{first} is chosen before it: it does nothing while {on}", "remove it"
+    if name in ("MC_USE_TENT", "MC_USE_TEV1"):
+        return ("contradicts", "replaces Mooncake's transfer engine by TENT, which picks transports by its own "
+                f"policy and does not read MC_INTRANODE_NVLINK: {on}, chosen, checked and measured for the classic "
+                "engine", "remove it")
+    if name in RDMA_ONLY and path != "rdma":
+        return "surprising", f"only Mooncake's RDMA transport reads it: it does nothing while {on}", "remove it"
+    if name in ("MC_TE_FILTERS", "MC_CUSTOM_TOPO_JSON"):
+        return _judge_nic_choice(name, value, path, ib_map, on)
+    if name == "MC_TCP_BIND_ADDRESS":
+        return ("surprising", "Mooncake reads it only with a metadata server; SGLang starts it with P2PHANDSHAKE, "
+                f"where the address is the one the engine advertises ({ADDRESS_VARIABLE}): it does nothing",
+                "remove it")
+    if name == "MOONCAKE_PROTOCOL" and value.lower() != "rdma":
+        return ("surprising", "SGLang passes it to Mooncake's initialize(), where it picks the buffer allocator, "
+                f"not the transport (the MC_* switches and the NICs found do): {on} whatever it says",
+                "remove it; the path is pdnode_transfer_backend's and pdnode_kv_intranode_nvlink's")
+    if name in ("SGLANG_MOONCAKE_SEND_AUX_TCP", "ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE"):
+        if value.lower() not in _TRUE + _FALSE:
+            return ("contradicts", "is not a true/false SGLang reads (true, 1, yes, y / false, 0, no, n): it raises "
+                    "where it reads it, and the hand-off fails", "write true or false, or remove it")
+        if value.lower() in _FALSE:
+            return None
+        if name == "ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE":
+            return ("contradicts", f"makes SGLang start Mooncake with the ascend protocol for Ascend NPUs; {on}",
+                    "remove it")
+        if path == "nvlink":
+            return ("contradicts", "sends the hand-off's metadata over TCP by reading its buffers from the CPU "
+                    "(send_aux_tcp), but on the NVLink path they live on the GPU "
+                    "(SGLANG_MOONCAKE_CUSTOM_MEM_POOL=INTRA_NODE_NVLINK): the prefill cannot read them", "remove it")
+        return None
+    return None
+
+
+def _judge_nic_choice(name: str, value: str, path: str, ib_map: dict[int, str],
+                      on: str) -> tuple[str, str, str]:
+    """MC_TE_FILTERS (an allow-list intersected with the devices SGLang passes,
+    topology.cpp) and MC_CUSTOM_TOPO_JSON (a file that replaces the discovery, and with
+    it the devices SGLang passes: Topology::parse takes no filter)."""
+    if path != "rdma":
+        return "surprising", f"only the NIC choice of Mooncake's RDMA transport reads it: it does nothing while {on}", \
+            "remove it"
+    if not ib_map:
+        return ("surprising", "chooses the NICs Mooncake uses by something on the host that the preflight does not "
+                f"check ({on} over the NICs Mooncake finds)",
+                "map each GPU to its NICs in pdnode_ib_devices instead (checked against nvidia-smi topo -m)")
+    if name == "MC_CUSTOM_TOPO_JSON":
+        return ("contradicts", "Mooncake then reads its NICs from this file and ignores the devices SGLang passes from "
+                "pdnode_ib_devices", "remove it and keep pdnode_ib_devices, or remove pdnode_ib_devices")
+    allowed = {d.strip() for d in value.split(",") if d.strip()}
+    starved = sorted(g for g, devices in ib_map.items() if not allowed & set(devices.split(",")))
+    if starved:
+        return ("contradicts", f"leaves GPUs {starved} none of their pdnode_ib_devices NICs: their engines find no "
+                "HCA and Mooncake falls back to TCP without a word", "remove it; pdnode_ib_devices chooses each GPU's "
+                "NICs")
+    return "surprising", "only narrows the NICs pdnode_ib_devices already gives each GPU", "remove it"

@@ -364,7 +364,7 @@ def build_plan(variables: dict[str, Any], host: str = "node",
                              sorted({g for i in engines if host in i.hosts for g in i.gpus}))
     kv = None
     if layout is not None and not c.problems:
-        kv = _kv_path(c, v, layout.multi_host, bool(ib_map))
+        kv = _kv_path(c, v, layout.multi_host, ib_map)
     _check_thresholds(c, v["pdnode_verify_thresholds"])
     # Arguments that open a door (a listener beyond loopback, no key, data off the node):
     # only with pdnode_allow_exposing_args; a field refused for another cause is not repeated.
@@ -528,10 +528,20 @@ def router_venv_name(package: str, version: str) -> str:
     return f"router-{package}-{version}"
 
 
-def _kv_path(c: _Checker, v: dict[str, Any], multi_host: bool, nic_map: bool) -> dict[str, Any]:
+def _kv_path(c: _Checker, v: dict[str, Any], multi_host: bool, ib_map: dict[int, str]) -> dict[str, Any]:
     """The layout's KV path (pdnode.core.kv_path), with the TTFT it adds to the layout's prompt
-    size; TCP on real engines is a warning that says what it costs."""
-    kv = kv_path.choose(v, multi_host, nic_map)
+    size; TCP on real engines is a warning that says what it costs. The engines' environment
+    is judged against the path: what the plan says must be what they will do."""
+    kv = kv_path.choose(v, multi_host, bool(ib_map))
+    env = v["pdnode_engine_environment"]
+    for found in kv_path.judge_environment(env, kv["path"], multi_host, ib_map):
+        where = f"pdnode_engine_environment.{found.variable}"
+        if found.verdict == "owned":
+            c.error("kv-environment-owned", where, env[found.variable], found.why, found.fix)
+        elif found.verdict == "contradicts":
+            c.error("kv-environment-contradicts", where, env[found.variable], found.why, found.fix)
+        else:
+            c.warn("kv-environment-surprising", where, env[found.variable], found.why, found.fix)
     per_token, source = kv_path.kv_bytes_per_token(v, REPO_ROOT)
     seconds = kv_path.handoff_seconds(per_token, v["pdnode_kv_prompt_tokens"], kv["gb_s"])
     floor, floor_why = kv_path.floor_gb_s(kv["path"])
@@ -585,7 +595,7 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
     env_common = {"HF_HUB_OFFLINE": "1", **{str(k): str(val) for k, val in v["pdnode_engine_environment"].items()}}
     if layout.multi_host:
         # The address a rank advertises to its peers (bootstrap registration, KV hand-off)
-        env_common["SGLANG_HOST_IP"] = layout.address(host)
+        env_common[kv_path.ADDRESS_VARIABLE] = layout.address(host)
     env_common.update(disagg.environment(v))  # the hand-off's timeouts and heartbeat, explicit
     env_common.update(kv["environment"])  # what the chosen KV path needs in every engine
     if v["pdnode_engine"] == "sim":

@@ -179,6 +179,19 @@ RULES: tuple[Rule, ...] = (
     Rule("ib-device-key-gpu-id", "error", "a `pdnode_ib_devices` key is a physical GPU id"),
     Rule("ib-device-name", "error", "a `pdnode_ib_devices` value is an RDMA device name or a comma list of them"),
     Rule("ib-devices-cover-gpus", "error", "`pdnode_ib_devices` maps every GPU the instances use"),
+    Rule("kv-environment-owned", "error", "`pdnode_engine_environment` does not set a variable the plan renders "
+         "for the layout's KV path (`MC_INTRANODE_NVLINK` and `SGLANG_MOONCAKE_CUSTOM_MEM_POOL` on the NVLink path, "
+         "`SGLANG_HOST_IP` on a layout over several hosts): the plan's value would replace it unseen"),
+    Rule("kv-environment-contradicts", "error", "no Mooncake or SGLang variable in `pdnode_engine_environment` makes "
+         "the engines run another KV transport or memory pool than the plan's path (`MC_FORCE_TCP` under NVLink or "
+         "RDMA, `MC_FORCE_MNNVL`, `MC_INTRANODE_NVLINK` off the NVLink path, `MC_USE_TENT`, a "
+         "`SGLANG_MOONCAKE_CUSTOM_MEM_POOL` type off the NVLink path, a NIC filter or topology file against "
+         "`pdnode_ib_devices`, ...): `explain`, the verify floor and the planner would describe something else "
+         "than what runs (docs/kv-path.md)"),
+    Rule("kv-environment-surprising", "warning", "a Mooncake or SGLang variable in `pdnode_engine_environment` "
+         "does nothing on the plan's KV path (an RDMA setting under NVLink, `MOONCAKE_PROTOCOL`, `MC_TCP_BIND_ADDRESS`, a Mooncake variable with the nixl "
+         "backend, ...) or steers it where pdnode checks nothing (a NIC filter or topology file without "
+         "`pdnode_ib_devices`, an advertised address on one host)"),
     # --- the router
     Rule("router-package-known", "error", "`pdnode_router_package` is sglang-router or smg"),
     Rule("router-smg-cache-aware", "error", "not smg 1.13 with the cache_aware policy and several prefills or "

@@ -6,8 +6,10 @@ It reads the same JSON ServerArgs file real SGLang gets (keys are ServerArgs fie
 an unknown key is refused like real SGLang refuses an unknown keyword) and speaks SGLang's
 HTTP, bootstrap and metrics protocol faithfully enough for the real sglang-router and the
 real verification to work against it. The KV cache hand-off from prefill to decode goes
-through the real Mooncake transfer engine (TCP, P2P handshake), so the KV-transfer metrics
-are measured, not invented. Runs on Python >= 3.11; third-party imports: aiohttp,
+through the real Mooncake transfer engine (TCP, P2P handshake): the bytes really move and are
+checked. What it reports (latencies, the KV hand-off's time and speed, its log timings) is
+simulated GPU time from each rank's timeline (scheduler.py), so a busy machine reports what
+an idle one does. Runs on Python >= 3.11; third-party imports: aiohttp,
 prometheus_client, mooncake (transfer engine).
 
 Modules (one job each)
@@ -58,7 +60,7 @@ Simulation knobs (environment variables; invalid values stop the start with exit
                                      (default 256); max_total_num_tokens = pool / bytes
     PDNODE_SIM_KV_GB_S               the KV path's speed the plan rendered, GB/s: each
                                      hand-off takes at least its bytes at this speed
-                                     (unset: loopback's own); the path itself is read from
+                                     (unset: the path's own figure); the path itself is read from
                                      MC_INTRANODE_NVLINK / MC_FORCE_TCP, as Mooncake does
     PDNODE_SIM_FAULTS                comma list of faults active from the start
     PDNODE_SIM_SLOW_FACTOR           latency multiplier of the `slow` fault (default 10)

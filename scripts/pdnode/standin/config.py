@@ -108,13 +108,13 @@ class SimSettings:
     kv_gb_s: float | None = None
 
     def kv_path(self, transfer_backend: str) -> str:
-        """nvlink | tcp | rdma: what Mooncake would run in this environment. Its
-        MC_INTRANODE_NVLINK overrides every other choice; mooncake_tcp sets MC_FORCE_TCP
-        (SGLang's pd_disaggregation_hook); otherwise RDMA, which the stand-in's
-        non-CUDA build without NICs would run as TCP, as a real host without HCAs does."""
-        if self.kv_transport:
-            return self.kv_transport
-        return "tcp" if transfer_backend == "mooncake_tcp" else "rdma"
+        """nvlink | tcp | rdma: what Mooncake 0.3.14 would run in this environment. It
+        reads MC_FORCE_TCP first (mooncake_tcp sets it: SGLang's pd_disaggregation_hook),
+        then MC_INTRANODE_NVLINK; otherwise RDMA, which the stand-in's non-CUDA build
+        without NICs would run as TCP, as a real host without HCAs does."""
+        if transfer_backend == "mooncake_tcp":
+            return "tcp"
+        return self.kv_transport or "rdma"
 
     def kv_speed_gb_s(self, transfer_backend: str) -> float:
         """The hand-off's simulated speed: the plan's for its path (PDNODE_SIM_KV_GB_S), or
@@ -367,7 +367,7 @@ def load_sim_settings(env: Mapping[str, str] | None = None) -> SimSettings:
         heartbeat_max_failure=max(1, _env_int(env, "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2)),
         # Mooncake tests these for presence, whatever the value (transfer_engine_impl.cpp:
         # `if (intra_env)` installs nvlink_intra before anything else).
-        kv_transport="nvlink" if "MC_INTRANODE_NVLINK" in env else "tcp" if "MC_FORCE_TCP" in env else "",
+        kv_transport="tcp" if "MC_FORCE_TCP" in env else "nvlink" if "MC_INTRANODE_NVLINK" in env else "",
         kv_gb_s=_env_float(env, "PDNODE_SIM_KV_GB_S", 0.0) or None,
     )
     if sim.max_total_num_tokens < 1:
