@@ -27,7 +27,7 @@ import jinja2
 import pytest
 import yaml
 from planvars import changed, variables
-from test_planner import bench_doc
+from test_planner import measurement_args
 
 from pdnode.commands.cli import main
 from pdnode.core import deferred, inventory, values
@@ -70,15 +70,6 @@ def _warned(err: str) -> dict[str, str]:
     """field -> its warning line, of the lines that say "templated at deploy, not judged"."""
     lines = [line for line in err.splitlines() if "templated at deploy, not judged" in line]
     return {line.removeprefix("warning: ").split("=", 1)[0]: line for line in lines}
-
-
-def _bench(tmp_path: Path) -> list[str]:
-    files = []
-    for c in (8, 32):
-        p = tmp_path / f"bench-c{c}.json"
-        p.write_text(json.dumps(bench_doc(c)))
-        files += ["--measurements", str(p)]
-    return files
 
 
 # --- values only the deploy needs: a warning each, the plan computed without them --------------------------------
@@ -135,7 +126,7 @@ def test_values_only_the_deploy_needs_are_warned_and_run_nothing(tmp_path, capsy
     assert sum("templated at deploy" in w for w in rendered["warnings"]) == len(needs)
     rc, out, err = _cli(capsys, "explain", str(inv))
     assert rc == 0 and sorted(_warned(err)) == sorted(needs), err
-    rc, out, err = _cli(capsys, "plan", str(inv), *_bench(tmp_path))
+    rc, out, err = _cli(capsys, "plan", str(inv), *measurement_args(tmp_path))
     assert rc == 0, err
     assert _ran(tmp_path) == []
 
@@ -170,7 +161,7 @@ def test_values_in_units_or_argv_are_refused_and_run_nothing(tmp_path, capsys):
         "pdnode_gpu_model": f"an include of '{m}/gpu.txt'",
         "pdnode_model_served_name": "the filter community.general.random_mac (a collection's)",
     }
-    for argv in (["check"], ["render", "--role", "plan"], ["explain"], ["plan", *_bench(tmp_path)]):
+    for argv in (["check"], ["render", "--role", "plan"], ["explain"], ["plan", *measurement_args(tmp_path)]):
         rc, out, err = _cli(capsys, argv[0], str(inv), *argv[1:])
         assert rc == 1 and out == "", (argv, out, err)
         head, *lines = err.splitlines()

@@ -55,6 +55,16 @@ def bench_doc(concurrency: int, params: Params = TRUE, shape: Shape = P4_D4DP4, 
     return doc
 
 
+def measurement_args(directory: Path) -> list[str]:
+    """`--measurements FILE` for a bench report at concurrency 8 and one at 32, written to DIRECTORY."""
+    out = []
+    for c in (8, 32):
+        p = directory / f"bench-c{c}.json"
+        p.write_text(json.dumps(bench_doc(c)))
+        out += ["--measurements", str(p)]
+    return out
+
+
 @pytest.fixture
 def bench_files(tmp_path):
     paths = []

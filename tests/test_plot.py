@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from test_bench import args as bench_args
 from test_bench import plan_dict, record
-from test_planner import DEMO, bench_doc
+from test_planner import DEMO, measurement_args
 
 from pdnode.commands import bench, bench_client, bench_report, plot
 from pdnode.commands.cli import main
@@ -29,12 +29,7 @@ NO_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None\nfrom pdnode.comma
 
 @pytest.fixture
 def runs(tmp_path: Path) -> list[str]:
-    out = []
-    for c in (8, 32):
-        p = tmp_path / f"c{c}.json"
-        p.write_text(json.dumps(bench_doc(c)))
-        out += ["--measurements", str(p)]
-    return out
+    return measurement_args(tmp_path)
 
 
 def svg_texts(path: Path) -> list[str]:
