@@ -409,4 +409,8 @@ def test_every_page_of_every_host_is_well_formed(layout, pair_renders, spanning_
 def test_cli_writes_a_directory_per_host_of_a_layout(tmp_path, capsys):
     assert main(["runbooks", str(ROOT / "inventories" / "gpu-pair"), "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu01", "gpu02"]
-    assert "gpu02: 22 runbooks" in capsys.readouterr().out
+    # every host gets a page per alert of the template and the same procedure pages
+    pages = {host: sorted(str(f.relative_to(tmp_path / host)) for f in (tmp_path / host).rglob("*.md"))
+             for host in ("gpu01", "gpu02")}
+    assert pages["gpu01"] == pages["gpu02"]
+    assert f"gpu02: {len(pages['gpu02'])} runbooks" in capsys.readouterr().out

@@ -141,6 +141,21 @@ def cases(plan: dict[str, Any], rules: dict[str, dict[str, Any]]) -> list[dict[s
     case("PdWorkerUnhealthy", "one failed check, then healthy, does not fire",
          [series("smg_worker_health", worker, "1 1 0 1x10")], [("6m", [])])
 
+    if "PdRouterWorkersMissing" in rules:
+        want = {role: len(plan["services"]["router"]["args"][role]) for role in ("prefill", "decode")}
+        pool = {role: {**target["router"], "worker_type": role, "connection_mode": "http", "model": "m"}
+                for role in want}
+        missing = {**target["router"], "worker_type": "decode"}
+        case("PdRouterWorkersMissing", "a decode gone from the router's list for 5m fires, back again clears",
+             [series("smg_worker_pool_size", pool["prefill"], f"{want['prefill']}x30"),
+              series("smg_worker_pool_size", pool["decode"], f"{want['decode']}x5 {want['decode'] - 1}x15 {want['decode']}x10")],
+             [("8m", []), ("14m", [missing]), ("25m", [])], value=str(want["decode"] - 1))
+        case("PdRouterWorkersMissing", "a drain that lists one fewer for 3m does not fire",
+             [series("smg_worker_pool_size", pool["prefill"], f"{want['prefill'] - 1}x3 {want['prefill']}x20"),
+              series("smg_worker_pool_size", pool["decode"], f"{want['decode']}x25")], [("4m", []), ("10m", [])])
+        case("PdRouterWorkersMissing", "the plan's counts do not fire",
+             [series("smg_worker_pool_size", pool[role], f"{want[role]}x20") for role in want], [("15m", [])])
+
     unit = {**target["node"], "name": units["unit_decode"]}
     case("PdServiceRestarting", "one automatic restart fires, steady again clears after 15m",
          [series("node_systemd_service_restart_total", unit, "0x10 1x40")], [("13m", [unit]), ("40m", [])])

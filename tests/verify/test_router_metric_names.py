@@ -124,5 +124,10 @@ def test_every_router_metric_the_readers_name_is_exported(tmp_path, package):
         resp = request("GET", node.plan["services"]["router"]["metrics_url"], timeout=10)
         assert resp.status == 200, resp.text
         have = exported(resp.text)
+        # PdRouterWorkersMissing compares the pool size per worker_type with the plan's counts
+        from node import parse_metrics
+        pools = {lab.get("worker_type"): v for _, lab, v in parse_metrics(resp.text).get("smg_worker_pool_size", [])}
+        router = node.plan["services"]["router"]["args"]
+        assert pools == {"prefill": len(router["prefill"]), "decode": len(router["decode"])}, pools
     missing = {name: sorted(where) for name, where in names.items() if name not in have}
     assert not missing, f"{package} does not export: {json.dumps(missing)}"

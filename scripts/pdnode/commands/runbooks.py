@@ -164,6 +164,9 @@ def _alerts(plan: dict[str, Any], targets: list[dict[str, Any]], layout: dict[st
                            f"{', '.join(where)}, whose runbooks have this page too")
             elif rule["alert"] in rendered:
                 why_not = None
+            elif when == "router_prefills":
+                why_not = (f"this host runs no router: it fires on {layout['router_host']}, whose runbooks "
+                           "have this page too")
             elif when == "gpu_host":
                 why_not = f"this host runs the {plan['install']['engine']} engine, not a GPU engine: no DCGM exporter"
             else:

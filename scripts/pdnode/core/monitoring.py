@@ -73,6 +73,12 @@ def _duration(seconds: int) -> str:
     return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
 
 
+def _router_workers(plan: dict[str, Any]) -> dict[str, str | None]:
+    router = plan["services"].get("router")
+    return {f"router_{role}s": None if router is None else str(len(router["args"][role]))
+            for role in ("prefill", "decode")}
+
+
 def template_values(plan: dict[str, Any]) -> dict[str, str | None]:
     """Placeholder name -> text; None for a value the inventory does not set."""
     thresholds = plan["settings"].get("pdnode_verify_thresholds") or {}
@@ -90,6 +96,9 @@ def template_values(plan: dict[str, Any]) -> dict[str, str | None]:
         # twice that (at least a minute) means it keeps re-opening.
         "circuit_for": _duration(max(60, 2 * circuit_open_s)),
         "gpu_host": "true" if gpu_host(plan) else None,
+        # How many workers of each type the router serves in the plan (its own arguments);
+        # None on a host without the router.
+        **_router_workers(plan),
         **{f"job_{role}": job for role, job in SCRAPE_JOBS.items()},
     }
     for key in RULE_THRESHOLDS:
