@@ -116,6 +116,11 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "disagg-setting-same-everywhere": ({"decode[0]": {"extra_args": {"disaggregation_enable_kv_checksum": True}}},
                                        set()),
     "disagg-kv-layout-same": ({"decode[0]": {"extra_args": {"page_size": 64}}}, set()),
+    # gpu01's model is not MLA: prefill attention TP 3 against the decode's 2 (4 / attn_dp_size 2)
+    "disagg-attn-tp-divides": ({"prefill[0]": {"gpus": [0, 1, 2], "tp_size": 3}, "decode[0]": {"attn_dp_size": 2}},
+                               set()),
+    "disagg-hicache-hisparse": ({"prefill[0]": {"extra_args": {"enable_hierarchical_cache": True}},
+                                 "decode[0]": {"extra_args": {"enable_hisparse": True}}}, set()),
     "port-range": ({"prefill[0]": {"port": 80}}, set()),
     "port-collision": ({"prefill[0]": {"port": 8000}}, set()),
     "router-port-not-30000": ({"pdnode_router_port": 30000}, set()),

@@ -459,6 +459,54 @@ def check_same_kv_layout(c: Any, instances: list[Instance]) -> None:
                     f"set the same {key} in the extra_args of every prefill and decode")
 
 
+def attention_tp(inst: Instance) -> int | None:
+    """The ranks one attention layer's KV heads are split over: tp_size, divided by the
+    attention-DP size when DP attention is on (SGLang 0.5.23, srt/runtime_context.py);
+    None when the instance's sizes were refused."""
+    if not isinstance(inst.tp_size, int) or not isinstance(inst.attn_dp_size, int) or inst.attn_dp_size < 1:
+        return None
+    return inst.tp_size // inst.attn_dp_size if inst.attn_dp_size > 1 else inst.tp_size
+
+
+def check_attention_tp(c: Any, instances: list[Instance], kind: str | None) -> None:
+    """A non-MLA model's KV is split by head over the attention TP ranks, so a decode whose
+    attention TP differs from its prefill's gathers or scatters slices of heads (SGLang
+    0.5.23, disaggregation/common/conn.py _resolve_rank_mapping, by integer division and
+    unchecked; mooncake/conn.py send_kvcache_slice). Sizes that do not divide one another
+    map ranks wrongly: refused. Sizes that do are accepted: 0.5.23 maps them (the GQA fixes
+    sglang#19086 and #30997 are in), logs its own "Performance is NOT guaranteed", and its
+    failed-session probe ends the cascade of sglang#15674 within 30 s; the reference layout
+    (prefill attention TP 4, decode 1) is one (docs/field-failures.md, row 9).
+    An MLA model keeps the whole latent KV on every rank: any pairing works."""
+    if kind == "moe_mla":
+        return
+    prefills = [(i, attention_tp(i)) for i in instances if i.role == "prefill" and attention_tp(i)]
+    decodes = [(i, attention_tp(i)) for i in instances if i.role == "decode" and attention_tp(i)]
+    for d, d_tp in decodes:
+        for p, p_tp in prefills:
+            if max(p_tp, d_tp) % min(p_tp, d_tp):
+                c.error("disagg-attn-tp-divides", f"{d.field}.tp_size", d.tp_size,
+                        f"gives {d.id} attention TP {d_tp} against {p.id}'s {p_tp}: neither divides the other, and "
+                        f"SGLang maps a non-MLA model's KV heads (pdnode_model_kind {kind}) between them by integer "
+                        "division without a check", "use attention TP sizes (tp_size / attn_dp_size) that divide "
+                        "one another; the same on both moves each request's KV in one piece per rank")
+                break  # one line per decode
+
+
+# HiCache on a prefill with HiSparse on a decode hangs (sglang#26092, closed as inactive;
+# no fix found, and the combined work, sglang#26161, still open). SGLang 0.5.23 checks
+# each inside one engine only (srt/arg_groups/hisparse_hook.py, hicache_hook.py); the pair
+# spans two processes, so the plan refuses it.
+def check_hicache_hisparse(c: Any, instances: list[Instance]) -> None:
+    hicache = [i for i in instances if i.role == "prefill" and i.extra_args.get("enable_hierarchical_cache") is True]
+    hisparse = [i for i in instances if i.role == "decode" and i.extra_args.get("enable_hisparse") is True]
+    if hicache and hisparse:
+        c.error("disagg-hicache-hisparse", f"{hisparse[0].field}.extra_args.enable_hisparse", True,
+                f"beside HiCache on {hicache[0].id} (enable_hierarchical_cache): a decode with HiSparse hangs on "
+                "a HiCache prefill's hand-off (sglang#26092, unfixed in SGLang 0.5.23)",
+                "turn off enable_hierarchical_cache on every prefill, or enable_hisparse on every decode")
+
+
 def _similar(a: str, b: str) -> bool:
     import difflib
     return difflib.SequenceMatcher(None, a, b).ratio() > 0.85

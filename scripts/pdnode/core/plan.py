@@ -359,6 +359,8 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     disagg.check(c, v)
     inst_rules.check_same_disagg_settings(c, engines, disagg.engine_defaults(v))
     inst_rules.check_same_kv_layout(c, engines)
+    inst_rules.check_attention_tp(c, engines, kind)
+    inst_rules.check_hicache_hisparse(c, engines)
     _check_capacity(c, v, engines, skip)
     ib_map = _check_transfer(c, v["pdnode_transfer_backend"], v["pdnode_ib_devices"],
                              sorted({g for i in engines if host in i.hosts for g in i.gpus}))

@@ -135,6 +135,10 @@ RULES: tuple[Rule, ...] = (
     Rule("disagg-kv-layout-same", "error", "`page_size` and `kv_cache_dtype` are the same on every prefill and "
          "decode of the layout, or set on none (the decode refuses a different KV layout at its first request: "
          "SGLang's disaggregation/common/conn.py)"),
+    Rule("disagg-attn-tp-divides", "error", "on a non-MLA model, a prefill's and a decode's attention TP "
+         "(tp_size / attn_dp_size) divide one another (SGLang maps KV heads between them by integer division)"),
+    Rule("disagg-hicache-hisparse", "error", "no decode with `enable_hisparse` beside a prefill with "
+         "`enable_hierarchical_cache` (the pair hangs: sglang#26092)"),
     # --- SGLang's own validation of each engine's ServerArgs (pdnode check; pdnode.core.sglang_judge)
     Rule("sglang-rejects", "error", "SGLang's own validation (argparse, resolve_once, check_server_args) refuses an "
          "instance's rendered ServerArgs; the line carries SGLang's reason"),
