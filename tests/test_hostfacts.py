@@ -429,3 +429,39 @@ def test_collect_reads_the_os_from_the_probes_and_keeps_a_given_os():
     assert hf.collect({**raw, "os": given})["os"] == given
     # no os-release at all: nothing to name (the verdict then says the OS is not supported)
     assert hf.collect({})["os"] == {"id": "otherlinux", "version": "", "major": "", "arch": ""}
+
+
+def test_the_roles_gid_probe_reads_a_sysfs_tree_into_the_table(tmp_path):
+    """The role's ib_gids command, run by bash over a tree laid out as the kernel's sysfs
+    (an empty entry's type unreadable, as EINVAL makes it), parses to the table."""
+    import os
+    import subprocess
+
+    import yaml
+
+    command = yaml.safe_load((Path(__file__).parents[1] / "roles/preflight/vars/main.yml").read_text()
+                             )["_preflight_probes"]["ib_gids"]
+    root = tmp_path / "sys/class/infiniband"
+    port = root / "mlx5_0/ports/1"
+    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+        (port / sub).mkdir(parents=True)
+    entries = {0: ("fe80:0000:0000:0000:0a5c:2dff:fe3b:1100", "IB/RoCE v1"),
+               3: ("0000:0000:0000:0000:0000:ffff:0a14:000b", "RoCE v2")}
+    for i in range(5):
+        gid, kind = entries.get(i, ("0000:0000:0000:0000:0000:0000:0000:0000", None))
+        (port / f"gids/{i}").write_text(gid + "\n")
+        for sub, value in (("gid_attrs/types", kind), ("gid_attrs/ndevs", "ens1f0np0" if kind else None)):
+            f = port / sub / str(i)
+            f.write_text((value or "") + "\n")
+            if value is None:
+                os.chmod(f, 0)  # unreadable (EINVAL on a host); root still reads it: empty then
+    run = subprocess.run(["bash", "-c", command.replace("/sys/class/infiniband", str(root))],
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    table = hf.parse_sys_gids(run.stdout.replace(str(root), "/sys/class/infiniband"))
+    assert table == {"mlx5_0": {"1": {
+        0: {"gid": entries[0][0], "type": "IB/RoCE v1", "ndev": "ens1f0np0"},
+        3: {"gid": entries[3][0], "type": "RoCE v2", "ndev": "ens1f0np0"}}}}
+    # and a host without RDMA devices: nothing, and no failure
+    assert subprocess.run(["bash", "-c", command.replace("/sys/class/infiniband", str(tmp_path / "none"))],
+                          capture_output=True, text=True, timeout=30).returncode == 0

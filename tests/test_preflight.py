@@ -4,6 +4,7 @@ hand-made 8-GPU fixtures (labelled handmade)."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -306,6 +307,82 @@ def test_hgx_missing_nic_and_memlock(hgx_raw):
     assert ("error", "nic.mlx5_9") in checks(problems)
     assert ("warning", "memlock") in checks(problems)
     assert "present: mlx5_0, mlx5_1" in next(p.line for p in problems if p.check == "nic.mlx5_9")
+
+
+# --- RoCE: the GID index Mooncake uses (issue 28, field failure 6: sglang#30737) ------------------
+
+@pytest.fixture
+def roce_raw(hgx_raw) -> dict:
+    return {**hgx_raw, "infiniband": r(HGX / "sys-infiniband-handmade-roce8.txt"),
+            "ib_gids": r(HGX / "sys-gids-handmade-roce8.txt")}
+
+
+def roce_problems(raw: dict, **over) -> list[str]:
+    return [ln for ln in lines(pf.judge(hf.collect(raw), hgx_expect(**over))) if "gid" in ln.split(":")[0]]
+
+
+def test_gid_table_is_read_by_index_with_type_and_netdev(roce_raw):
+    gids = hf.collect(roce_raw)["infiniband"]["mlx5_2"]["1"]["gids"]
+    assert sorted(gids) == [0, 1, 2, 3]
+    assert gids[3] == {"gid": "0000:0000:0000:0000:0000:ffff:0a14:000d", "type": "RoCE v2", "ndev": "ens3f0np0"}
+    assert [hf.roce_v2_ipv4(gids[i]) for i in range(4)] == [None, None, None, "10.20.0.13"]
+
+
+def test_roce_without_mc_gid_index_is_refused_naming_the_index_that_works(roce_raw):
+    assert roce_problems(roce_raw) == [
+        "ERROR rdma.gid_index=None: RoCE NICs (mlx5_0, mlx5_1, mlx5_2, mlx5_3, mlx5_4, mlx5_5, mlx5_6, mlx5_7: "
+        "link_layer Ethernet) and no MC_GID_INDEX: Mooncake picks a GID by its own ranking, and a link-local or "
+        "another address's GID fails the first KV transfer (sglang#30737). Fix: set pdnode_engine_environment: "
+        '{MC_GID_INDEX: "3"} (RoCE v2 with its IPv4 address on mlx5_0, mlx5_1, mlx5_2, mlx5_3, mlx5_4, mlx5_5, '
+        "mlx5_6, mlx5_7).",
+    ]
+
+
+def test_roce_with_the_right_index_passes_and_infiniband_needs_none(roce_raw, hgx_raw):
+    assert roce_problems(roce_raw, gid_index=3) == []
+    assert roce_problems(hgx_raw) == []  # InfiniBand links: no GID index to choose
+
+
+@pytest.mark.parametrize(("index", "what"), [
+    (1, "RoCE v2 fe80:0000:0000:0000:0a5c:2dff:fe3b:1100 (ens1f0np0), not RoCE v2 with an IPv4 address"),
+    (2, "IB/RoCE v1 0000:0000:0000:0000:0000:ffff:0a14:000b (ens1f0np0), not RoCE v2 with an IPv4 address"),
+    (7, "an empty entry of mlx5_0 port 1's GID table: Mooncake disables the device"),
+])
+def test_a_wrong_mc_gid_index_is_refused_per_nic(roce_raw, index, what):
+    got = roce_problems(roce_raw, gid_index=index)
+    assert len(got) == 8 and got[0].startswith(f"ERROR nic.mlx5_0.gid={index}: MC_GID_INDEX {index} ")
+    assert what in got[0] and 'Fix: set pdnode_engine_environment: {MC_GID_INDEX: "3"}' in got[0]
+
+
+def test_a_nic_without_an_ipv4_gid_leaves_no_common_index(roce_raw):
+    text = (HGX / "sys-gids-handmade-roce8.txt").read_text()
+    kept = "".join(ln + "\n" for ln in text.splitlines() if not re.search(r"mlx5_5/ports/1/\w+(/\w+)?/[23]:", ln))
+    raw = {**roce_raw, "ib_gids": ok(kept)}
+    (line,) = roce_problems(raw)
+    assert "Fix: give each NIC's network device its IPv4 address (ip addr)" in line
+    assert roce_problems(raw, gid_index=3) == [
+        "ERROR nic.mlx5_5.gid=3: MC_GID_INDEX 3 is an empty entry of mlx5_5 port 1's GID table: Mooncake disables "
+        "the device. Fix: give each NIC's network device its IPv4 address (ip addr), so that one GID index is RoCE "
+        "v2 with it on every NIC, then set pdnode_engine_environment.MC_GID_INDEX to that index.",
+    ]
+
+
+def test_gid_index_is_not_judged_off_the_rdma_path_or_without_the_table(roce_raw):
+    assert roce_problems(roce_raw, kv_path="nvlink") == []
+    assert roce_problems(roce_raw, transfer_backend="nixl") == []
+    older = {k: v for k, v in roce_raw.items() if k != "ib_gids"}
+    assert roce_problems(older) == [
+        "WARNING rdma.gid_table='mlx5_0, mlx5_1, mlx5_2, mlx5_3, mlx5_4, mlx5_5, mlx5_6, mlx5_7': RoCE NICs whose "
+        "GID table the facts do not hold (gathered by an older pdnode): MC_GID_INDEX is not checked. "
+        "Fix: re-run the preflight.",
+    ]
+
+
+def test_the_plan_gives_preflight_its_gid_index(gpu01_vars):
+    from planvars import changed
+    plan = build_plan(changed(gpu01_vars, {"pdnode_engine_environment": {"MC_GID_INDEX": "3"}})).as_dict()
+    assert pf.expectations(plan)["gid_index"] == 3
+    assert pf.expectations(build_plan(gpu01_vars).as_dict())["gid_index"] is None
 
 
 def test_rdma_backend_without_any_device(h200_raw):

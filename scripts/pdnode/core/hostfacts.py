@@ -399,6 +399,39 @@ def parse_sys_infiniband(text: str) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
+_GID_LINE = re.compile(r"^/sys/class/infiniband/([^/]+)/ports/(\d+)/(gids|gid_attrs/types|gid_attrs/ndevs)/(\d+):(.*)$")
+_GID_ATTR = {"gids": "gid", "gid_attrs/types": "type", "gid_attrs/ndevs": "ndev"}
+
+
+def parse_sys_gids(text: str) -> dict[str, dict[str, dict[int, dict[str, str]]]]:
+    """``grep -H . /sys/class/infiniband/*/ports/*/{gids,gid_attrs/types,gid_attrs/ndevs}/*``
+    -> ``{device: {port: {index: {gid, type, ndev}}}}``: gid as the kernel prints it
+    (eight colon-separated groups of four hex digits), type 'IB/RoCE v1' | 'RoCE v2', ndev
+    the network device (kernel drivers/infiniband/core/sysfs.c). An all-zero GID is an
+    empty entry and is left out."""
+    out: dict[str, dict[str, dict[int, dict[str, str]]]] = {}
+    for line in (text or "").splitlines():
+        m = _GID_LINE.match(line.strip())
+        if not m:
+            continue
+        dev, port, attr, index, value = m.groups()
+        if attr == "gids" and set(value.replace(":", "")) <= {"0"}:
+            continue
+        out.setdefault(dev, {}).setdefault(port, {}).setdefault(int(index), {})[_GID_ATTR[attr]] = value.strip()
+    return {dev: {port: {i: e for i, e in entries.items() if "gid" in e} for port, entries in ports.items()}
+            for dev, ports in out.items()}
+
+
+def roce_v2_ipv4(entry: dict[str, str]) -> str | None:
+    """The IPv4 address of a RoCE v2 GID entry whose GID is IPv4-mapped (::ffff:a.b.c.d),
+    else None: the entry an operator points MC_GID_INDEX at on RoCE."""
+    groups = entry.get("gid", "").lower().split(":")
+    if entry.get("type") != "RoCE v2" or len(groups) != 8 or groups[:6] != ["0000"] * 5 + ["ffff"]:
+        return None
+    raw = groups[6] + groups[7]
+    return ".".join(str(int(raw[i:i + 2], 16)) for i in range(0, 8, 2))
+
+
 # --- driver, PCI, CUDA, limits, disk -----------------------------------------------------
 
 def parse_proc_driver_version(text: str) -> dict[str, Any]:
@@ -524,7 +557,7 @@ def collect(raw: dict[str, Any]) -> dict[str, Any]:
     """Registered probe results (``{name: {rc, stdout, stderr}}``) -> one facts dict.
 
     Probe names: os_release, debian_version, machine (or os: a dict as parse_os returns), pid1, systemd_dir, query_gpu, smi_q,
-    topo, proc_version, nvswitch_proc, pci, fabricmanager, cuda, infiniband, tcp, tcp6,
+    topo, proc_version, nvswitch_proc, pci, fabricmanager, cuda, infiniband, ib_gids, tcp, tcp6,
     socket_fds, cgroups, limits, df, model (a dict: path, exists, isdir, config_json).
     Missing probes give empty facts, never an exception.
     """
@@ -596,6 +629,14 @@ def collect(raw: dict[str, Any]) -> dict[str, Any]:
     facts["nic_ranking"] = {str(k): v for k, v in nic_ranking(topo).items()}
     _, ib_out, _ = _out(raw, "infiniband")
     facts["infiniband"] = parse_sys_infiniband(ib_out)
+    gid_rc, gid_out, _ = _out(raw, "ib_gids")
+    if gid_rc is not None:  # an older facts file has no GID table: unknown, not empty
+        for dev, ports in parse_sys_gids(gid_out).items():
+            for port, gids in ports.items():
+                facts["infiniband"].setdefault(dev, {}).setdefault(port, {})["gids"] = gids
+        for ports in facts["infiniband"].values():
+            for port in ports.values():
+                port.setdefault("gids", {})
 
     # Ports
     _, tcp, _ = _out(raw, "tcp")

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .hostfacts import GOOD_NIC_LINKS
+from .hostfacts import roce_v2_ipv4 as hf_roce_v2_ipv4
 
 DEFAULT_SUPPORTED_OS = ("ubuntu 22.04", "ubuntu 24.04", "debian 12")
 RDMA_BACKENDS = ("mooncake", "nixl")
@@ -45,7 +46,7 @@ def _show(value: Any) -> str:
 EXPECT_KEYS = ("gpu_count", "gpu_model", "driver_branch", "gpu_ids", "ports", "nics",
                "transfer_backend", "model_path", "own_unit_prefix", "supported_os",
                "require_systemd", "min_free_disk_gb", "check_cuda", "engine", "own_units",
-               "kv_path", "kv_gpu_pairs", "router_package")
+               "kv_path", "kv_gpu_pairs", "router_package", "gid_index")
 
 
 def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -82,6 +83,9 @@ def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None =
                              for d in engines if d.get("role") == "decode"] or None,
             # every host installs the release venv, router package included
             "router_package": (plan.get("install") or {}).get("router_package"),
+            # the GID index Mooncake uses on every RDMA device (one for all: it reads
+            # MC_GID_INDEX, then NCCL_IB_GID_INDEX; config.cpp loadGlobalConfig)
+            "gid_index": _gid_index(s.get("pdnode_engine_environment") or {}),
         })
     for key, value in (overrides or {}).items():
         if key not in EXPECT_KEYS:
@@ -99,7 +103,15 @@ def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None =
     return exp
 
 
-_INTS = ("gpu_count", "driver_branch")
+def _gid_index(environment: dict[str, Any]) -> int | None:
+    for name in ("MC_GID_INDEX", "NCCL_IB_GID_INDEX"):
+        value = environment.get(name)
+        if value is not None and str(value).strip().isdigit():
+            return int(str(value).strip())
+    return None
+
+
+_INTS = ("gpu_count", "driver_branch", "gid_index")
 _BOOLS = ("require_systemd", "check_cuda")
 
 
@@ -353,6 +365,55 @@ def _nics(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
                        f"PIX/PXB){hint}", f"map GPU {gpu} to its closest NIC in pdnode_ib_devices")
 
 
+def _roce_gid(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
+    """On RoCE (an active port whose link_layer is Ethernet), Mooncake needs the GID index
+    that is RoCE v2 with the NIC's IPv4 address; left to itself it ranks the table its own
+    way, and a link-local or another address's GID fails the first transfer (sglang#30737:
+    "GID is NULL, please check your GID index by specifying MC_GID_INDEX"). One index serves
+    every device, and a device where it is wrong is disabled (rdma_transport.cpp), so the
+    index must be right on every planned NIC."""
+    if exp["transfer_backend"] != "mooncake" or exp["kv_path"] not in (None, "rdma") or not exp["nics"]:
+        return
+    ib = facts.get("infiniband") or {}
+    roce: dict[str, tuple[str, dict[int, dict[str, str]] | None]] = {}
+    for devs in exp["nics"].values():
+        for dev in [d.strip() for d in str(devs).split(",") if d.strip()]:
+            for number, port in sorted((ib.get(dev) or {}).items()):
+                if port.get("state") == "ACTIVE" and port.get("link_layer") == "Ethernet":
+                    roce.setdefault(dev, (number, port.get("gids")))
+    if not roce:
+        return
+    names = ", ".join(sorted(roce))
+    unread = sorted(dev for dev, (_, gids) in roce.items() if gids is None)
+    if unread:
+        j.warn("rdma.gid_table", ", ".join(unread), "RoCE NICs whose GID table the facts do not hold (gathered by an "
+               "older pdnode): MC_GID_INDEX is not checked", "re-run the preflight")
+        return
+    usable = [{i for i, e in gids.items() if hf_roce_v2_ipv4(e)} for _, gids in roce.values()]  # type: ignore[union-attr]
+    common = sorted(set.intersection(*usable))
+    if common:
+        suggest = f'set pdnode_engine_environment: {{MC_GID_INDEX: "{common[0]}"}} (RoCE v2 with its IPv4 address on {names})'
+    else:
+        suggest = ("give each NIC's network device its IPv4 address (ip addr), so that one GID index is RoCE v2 with "
+                   "it on every NIC, then set pdnode_engine_environment.MC_GID_INDEX to that index")
+    index = exp["gid_index"]
+    if index is None:
+        j.error("rdma.gid_index", None, f"RoCE NICs ({names}: link_layer Ethernet) and no MC_GID_INDEX: Mooncake picks "
+                "a GID by its own ranking, and a link-local or another address's GID fails the first KV transfer "
+                "(sglang#30737)", suggest)
+        return
+    for dev, (number, gids) in sorted(roce.items()):
+        entry = (gids or {}).get(index)
+        if entry is None:
+            j.error(f"nic.{dev}.gid", index, f"MC_GID_INDEX {index} is an empty entry of {dev} port {number}'s GID "
+                    "table: Mooncake disables the device", suggest)
+        elif not hf_roce_v2_ipv4(entry):
+            j.error(f"nic.{dev}.gid", index, f"MC_GID_INDEX {index} on {dev} port {number} is "
+                    f"{entry.get('type', 'of unknown type')} {entry['gid']}"
+                    f"{' (' + entry['ndev'] + ')' if entry.get('ndev') else ''}, not RoCE v2 with an IPv4 address",
+                    suggest)
+
+
 def _kv_nvlink(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
     """The plan moves KV over Mooncake's intra-node NVLink transport: each prefill GPU
     and decode GPU of a pair should be joined by NVLink (NV# in `nvidia-smi topo -m`).
@@ -453,6 +514,7 @@ def judge(facts: dict[str, Any], expect: dict[str, Any]) -> list[Problem]:
         _fabric(j, facts)
         _cuda(j, facts, exp, smi_count)
         _nics(j, facts, exp)
+        _roce_gid(j, facts, exp)
         _kv_nvlink(j, facts, exp)
     _memlock(j, facts, exp)
     _ports(j, facts, exp)
