@@ -287,15 +287,32 @@ def test_hgx_fabric_manager_down(hgx_raw):
     assert ("error", "fabricmanager") in checks(problems)
 
 
-def test_hgx_crossed_nic_mapping_warns_with_the_closest(hgx_raw):
+def test_hgx_crossed_nic_mapping_is_refused_naming_the_nearer_nic(hgx_raw):
     nics = {str(i): f"mlx5_{i}" for i in range(8)}
     nics["0"], nics["4"] = "mlx5_4", "mlx5_0"
-    problems = [p for p in pf.judge(hf.collect(hgx_raw), hgx_expect(nics=nics)) if p.severity == "warning"]
+    problems = [p for p in pf.judge(hf.collect(hgx_raw), hgx_expect(nics=nics)) if p.check.startswith("nic.mlx5_")
+                and p.value == "SYS"]
     assert lines(problems) == [
-        "WARNING nic.mlx5_4='SYS': GPU 0 -> mlx5_4 crosses SYS (not behind the GPU's PCIe switch: PIX/PXB); the "
-        "closest NIC is mlx5_0 (PXB). Fix: map GPU 0 to its closest NIC in pdnode_ib_devices.",
-        "WARNING nic.mlx5_0='SYS': GPU 4 -> mlx5_0 crosses SYS (not behind the GPU's PCIe switch: PIX/PXB); the "
-        "closest NIC is mlx5_4 (PXB). Fix: map GPU 4 to its closest NIC in pdnode_ib_devices.",
+        "ERROR nic.mlx5_4='SYS': GPU 0 -> mlx5_4 crosses SYS while mlx5_0 is PXB from it (nvidia-smi topo -m). "
+        "Fix: map GPU 0 to mlx5_0 in pdnode_ib_devices.",
+        "ERROR nic.mlx5_0='SYS': GPU 4 -> mlx5_0 crosses SYS while mlx5_4 is PXB from it (nvidia-smi topo -m). "
+        "Fix: map GPU 4 to mlx5_4 in pdnode_ib_devices.",
+    ]
+
+
+def test_a_far_nic_is_only_a_warning_when_no_usable_nic_is_nearer(hgx_raw):
+    # GPU 6's own NIC (mlx5_6) has no ACTIVE port in the fixture: the nearest usable one is
+    # across the switch, and the map cannot do better
+    nics = {str(i): f"mlx5_{i}" for i in range(8)}
+    facts = hf.collect(hgx_raw)
+    nearest = [r for r in facts["nic_ranking"]["6"] if r["nic"] != "mlx5_6"][0]
+    nics["6"] = nearest["nic"]
+    assert nearest["link"] not in hf.GOOD_NIC_LINKS, nearest
+    problems = [p for p in pf.judge(facts, hgx_expect(nics=nics)) if p.check == f"nic.{nearest['nic']}"]
+    assert lines(problems) == [
+        f"WARNING nic.{nearest['nic']}='{nearest['link']}': GPU 6 -> {nearest['nic']} crosses {nearest['link']} "
+        "(not behind the GPU's PCIe switch: PIX/PXB), and no RDMA NIC of the host is nearer. Fix: expect slower KV "
+        "transfers from this GPU; a NIC in a slot behind its PCIe switch would remove the hop.",
     ]
 
 

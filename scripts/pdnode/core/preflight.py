@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .hostfacts import GOOD_NIC_LINKS
+from .hostfacts import GOOD_NIC_LINKS, LINK_RANK
 from .hostfacts import roce_v2_ipv4 as hf_roce_v2_ipv4
 
 DEFAULT_SUPPORTED_OS = ("ubuntu 22.04", "ubuntu 24.04", "debian 12")
@@ -359,10 +359,21 @@ def _nics(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
                 j.warn(field, None, f"`nvidia-smi topo -m` does not place {dev} relative to GPU {gpu}",
                        "check the NIC legend of `nvidia-smi topo -m` and pdnode_ib_devices")
             elif link not in GOOD_NIC_LINKS:
-                best = (topo_rank.get(str(gpu)) or [{}])[0]
-                hint = f"; the closest NIC is {best.get('nic')} ({best.get('link')})" if best.get("nic") else ""
-                j.warn(field, link, f"GPU {gpu} -> {dev} crosses {link} (not behind the GPU's PCIe switch: "
-                       f"PIX/PXB){hint}", f"map GPU {gpu} to its closest NIC in pdnode_ib_devices")
+                # The nearest NIC that can carry RDMA (a device with an ACTIVE port); a
+                # nearer one than the map's is a refusal: the first KV transfer crosses the
+                # socket and can burn SGLang's 300 s waiting timeout (sglang#39584).
+                usable = [r for r in topo_rank.get(str(gpu)) or []
+                          if any(p.get("state") == "ACTIVE" for p in (ib.get(r["nic"]) or {}).values())]
+                best = usable[0] if usable else {}
+                if best and LINK_RANK.get(best["link"], 9) < LINK_RANK.get(link, 9):
+                    j.error(field, link, f"GPU {gpu} -> {dev} crosses {link} while {best['nic']} is "
+                            f"{best['link']} from it (nvidia-smi topo -m)",
+                            f"map GPU {gpu} to {best['nic']} in pdnode_ib_devices")
+                else:
+                    j.warn(field, link, f"GPU {gpu} -> {dev} crosses {link} (not behind the GPU's PCIe switch: "
+                           f"PIX/PXB), and no RDMA NIC of the host is nearer",
+                           "expect slower KV transfers from this GPU; a NIC in a slot behind its PCIe switch "
+                           "would remove the hop")
 
 
 def _roce_gid(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
