@@ -316,6 +316,62 @@ def test_a_far_nic_is_only_a_warning_when_no_usable_nic_is_nearer(hgx_raw):
     ]
 
 
+# --- the NIC choice over public topo captures of real 8-GPU hosts (tests/fixtures/nvidia-smi/public)
+
+PUBLIC = FIX / "public"
+
+
+def retab(text: str) -> str:
+    """A post's tab expansion back to the tabs nvidia-smi prints: every cell of these
+    captures sits on the 8-column grid, so a run of spaces reaching a stop was a tab."""
+    out = []
+    for line in text.splitlines():
+        chunks = [line[i:i + 8] for i in range(0, len(line), 8)]
+        out.append("".join(c.rstrip(" ") + "\t" if len(c) == 8 and c.endswith(" ") else c for c in chunks))
+    return "\n".join(out) + "\n"
+
+
+def public_facts(hgx_raw: dict, name: str) -> dict:
+    topo = (PUBLIC / name).read_text()
+    nics = hf.parse_topo_matrix(topo)["nic_names"].values()
+    ib = "".join(f"/sys/class/infiniband/{n}/ports/1/state:4: ACTIVE\n/sys/class/infiniband/{n}/ports/1/"
+                 "link_layer:InfiniBand\n" for n in nics)
+    return hf.collect({**hgx_raw, "topo": ok(retab(topo) if "\t" not in topo else topo), "infiniband": ok(ib)})
+
+
+def nic_lines(facts: dict, nics: dict[str, str]) -> list[str]:
+    return [ln for ln in lines(pf.judge(facts, hgx_expect(nics=nics))) if ln.split("=")[0].split(" ")[1].startswith("nic.")]
+
+
+@pytest.mark.parametrize(("capture", "own"), [
+    ("dgx-a100-10nic-topo-m.txt", {g: f"mlx5_{g - g % 2}" for g in range(8)}),  # PXB, two GPUs a NIC
+    ("h100-sglang30401-topo-m.txt", {g: f"mlx5_{g}" for g in range(8)}),        # PIX
+    ("b300-deepep590-topo-m.txt", {g: f"mlx5_bond_{g}" for g in range(8)}),     # PXB, no PIX on this host
+])
+def test_real_captures_each_gpu_on_its_nearest_nic_passes(hgx_raw, capture, own):
+    facts = public_facts(hgx_raw, capture)
+    assert [facts["nic_ranking"][str(g)][0]["link"] for g in range(8)] == \
+        [facts["topology"]["links"][f"GPU{g}"][col] for g in range(8)
+         for col, name in facts["topology"]["nic_names"].items() if name == own[g]]
+    assert nic_lines(facts, {str(g): nic for g, nic in own.items()}) == []
+
+
+@pytest.mark.parametrize(("capture", "gpu", "far", "near"), [
+    ("dgx-a100-10nic-topo-m.txt", 0, "mlx5_8", "mlx5_0 is PXB"),        # a storage NIC on the other socket
+    ("h100-sglang30401-topo-m.txt", 0, "mlx5_1", "mlx5_0 is PIX"),       # the same socket, another switch
+    ("h100-sglang30401-topo-m.txt", 5, "mlx5_0", "mlx5_5 is PIX"),       # across the socket
+    ("b300-deepep590-topo-m.txt", 7, "mlx5_bond_3", "mlx5_bond_7 is PXB"),
+])
+def test_real_captures_a_far_nic_is_refused_naming_the_near_one(hgx_raw, capture, gpu, far, near):
+    facts = public_facts(hgx_raw, capture)
+    ranking = facts["nic_ranking"][str(gpu)]
+    own = {str(g): r[0]["nic"] for g, r in ((g, facts["nic_ranking"][str(g)]) for g in range(8))}
+    link = next(r["link"] for r in ranking if r["nic"] == far)
+    (line,) = nic_lines(facts, {**own, str(gpu): far})
+    assert line == (f"ERROR nic.{far}='{link}': GPU {gpu} -> {far} crosses {link} while {near} from it "
+                    f"(nvidia-smi topo -m). Fix: map GPU {gpu} to {near.split()[0]} in pdnode_ib_devices.")
+
+
 def test_hgx_missing_nic_and_memlock(hgx_raw):
     hgx_raw["limits"] = ok("Max locked memory         8388608              8388608              bytes\n")
     nics = {str(i): f"mlx5_{i}" for i in range(8)}
