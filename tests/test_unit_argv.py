@@ -407,6 +407,8 @@ def expected(case: Case, sid: str) -> dict[str, Any]:
         # the readiness gate runs from the service's own venv (the router has one of its own)
         "ExecStartPost": [[install["router_python"] if svc["role"] == "router" else install["python"], "-m",
                            "pdnode.node.ready", "--timeout", str(case.timeout), *svc["ready"]]],
+        # the router's reconcile at start, its failure ignored ('-': the router stays up)
+        "ExecStartPost ignoring failure": [svc["post_start"]] if "post_start" in svc else [],
         "ExecCondition": [], "ExecReload": [], "ExecStop": [], "ExecStopPost": [],
         "User": install["user"],
         "EnvironmentFiles": [[svc["env_file"], False]],
@@ -417,7 +419,10 @@ def read(props: dict[str, Any]) -> dict[str, Any]:
     assert "error" not in props, props
     return {"LoadState": props["LoadState"], "Description": props["Description"],
             "ExecStart": commands(props["ExecStart"]), "ExecStartPre": commands(props["ExecStartPre"]),
-            "ExecStartPost": commands(props["ExecStartPost"]),
+            "ExecStartPost": commands([c for c in props["ExecStartPost"] if c[2] is False]),
+            "ExecStartPost ignoring failure": commands([(path, argv, False, *rest)
+                                                        for path, argv, ignore, *rest in props["ExecStartPost"]
+                                                        if ignore is True]),
             **{k: commands(props[k]) for k in ("ExecCondition", "ExecReload", "ExecStop", "ExecStopPost")},
             "User": props["User"],
             "EnvironmentFiles": props["EnvironmentFiles"]}

@@ -78,5 +78,7 @@ def paths(install: dict[str, Any], services: dict[str, dict[str, Any]], api_key:
     if api_key:
         out.append(_entry(install["api_key_path"], "secret", "0400", user, user, "pd_services"))
     if "router" in services:
+        # what the router unit's reconcile at start reads (key file names, never keys)
+        out.append(_entry(services["router"]["reconcile_spec_file"], "config", "0640", "root", user, "pd_services"))
         out.append(_entry(install["admin_key_path"], "secret", "0400", user, user, "pd_services", _NO_CONTENT))
     return out

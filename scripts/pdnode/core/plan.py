@@ -656,7 +656,7 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
     everywhere["kv"]["floor_from_path"] = (v["pdnode_engine"] == "sglang"
                                            and "kv_transfer_speed_min_gb_s" not in v["pdnode_verify_thresholds"])
     if layout.router_host == host:
-        services["router"] = _router_service(v, everywhere["engines"], install, key, layout)
+        services["router"] = _router_service(v, everywhere, install, key, layout)
     return Plan(host=host, install=install, services=services, ports=ports, settings=_settings(v, engines, layout.multi_host, kv),
                 cluster=everywhere, firewall=cluster.firewall(layout, services, ports, env_common), warnings=warnings)
 
@@ -733,8 +733,9 @@ def heartbeat_detection_s(environment: dict[str, str]) -> int:
     return int(-(-(interval * int(failures) + HEARTBEAT_SLACK_S) // 1))
 
 
-def _router_service(v: dict[str, Any], engines: dict[str, dict[str, Any]], install: dict[str, str],
+def _router_service(v: dict[str, Any], everywhere: dict[str, Any], install: dict[str, str],
                     key: list[str], layout: cluster.Layout) -> dict[str, Any]:
+    engines: dict[str, dict[str, Any]] = everywhere["engines"]
     router: dict[str, Any] = {
         "pd_disaggregation": True,
         "prefill": [[e["url"], e["bootstrap_port"]] for e in engines.values() if e["role"] == "prefill"],
@@ -765,6 +766,17 @@ def _router_service(v: dict[str, Any], engines: dict[str, dict[str, Any]], insta
                  "--admin-key-file", install["admin_key_path"], *key],
         # /readiness turns 200 once a prefill and a decode are registered; gate there.
         "ready": [f"{url}/readiness"],
+        # Whenever the router starts (a reboot, a crash, a restart) its worker list is made
+        # the plan's once it is ready: a planned worker it lacks is put back when its engine
+        # answers (smg#752: workers gone after a reboot). The spec names key files, never
+        # keys; the deploy's own reconcile reads the same spec (pd_services).
+        "reconcile_spec_file": f"{cfg}/router-workers.json",
+        "reconcile_spec": {
+            "router": everywhere["router"]["url"], "admin_key_file": install["admin_key_path"],
+            "api_key_file": install["api_key_path"] if key else None,
+            "timeout_s": v["pdnode_drain_timeout_s"], "workers": list(engines.values())},
+        "post_start": [install["router_python"], "-m", "pdnode.node.drain", "reconcile",
+                       "--spec", f"{cfg}/router-workers.json"],
         # Arguments a running router takes through its admin API (the deploy's pdnode.node.drain
         # adds and removes workers): a change of only these restarts nothing
         # (docs/decisions.md, "The router's worker list changes without a restart").

@@ -4,6 +4,7 @@
     python -m pdnode.node.drain in         < spec.json   # add back (the engine is ready)
     python -m pdnode.node.drain reconcile  < spec.json   # the router's list to the plan's (out, then in)
     python -m pdnode.node.drain reconcile --check < spec.json  # whether reconcile has anything to do
+    python -m pdnode.node.drain reconcile --spec FILE      # the spec from a file (the router unit, at start)
     python -m pdnode.node.drain out-unplanned < spec.json  # `out` for every worker the plan lacks
     python -m pdnode.node.drain hold UNIT SECONDS       # until UNIT has been stopped SECONDS
 
@@ -361,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("seconds", nargs="?", type=float, help="hold: how long it must have been stopped")
     ap.add_argument("--check", action="store_true",
                     help="reconcile only: say whether the router's list differs from the plan's, change nothing")
+    ap.add_argument("--spec", metavar="FILE",
+                    help="read the spec from FILE instead of standard input (the router unit's reconcile at start)")
     args = ap.parse_args(argv)
     if args.check and args.command != "reconcile":
         ap.error(f"--check is for reconcile, not {args.command}")
@@ -370,7 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(hold_down(args.unit, args.seconds)))
         return 0
     try:
-        spec = json.load(sys.stdin)
+        if args.spec:
+            with open(args.spec, encoding="utf-8") as f:
+                spec = json.load(f)
+        else:
+            spec = json.load(sys.stdin)
         result = run(args.command, spec, check=args.check)
     except (DrainError, OSError, ValueError, KeyError) as exc:
         print(f"pdnode.drain {args.command}: {exc}", file=sys.stderr)
