@@ -242,3 +242,37 @@ def test_prefill_restart_restarts_decode(host):
     after = host.check_output(f"systemctl show -p ExecMainStartTimestampMonotonic --value {UNITS[1]}")
     assert int(after) > int(before)
     _wait_serving(host)
+
+
+def test_a_reboot_brings_every_worker_back_and_verify_passes_without_a_deploy(host, plan_on_host):
+    """Field failure 11 (smg#752: workers gone from the router after a reboot). The
+    container restarted is the host rebooted: a new systemd starts the enabled units in
+    their order (the router after its workers), the router starts from its own file and its
+    unit then reconciles the worker list with the plan's (ExecStartPost). No deploy runs;
+    verify passes."""
+    from conftest import CONTAINER
+
+    def invocations() -> dict[str, str]:
+        return {u: host.check_output(f"systemctl show -p InvocationID --value {u}") for u in UNITS}
+
+    before = invocations()
+    started = time.monotonic()
+    subprocess.run(["docker", "restart", "--time", "60", CONTAINER], check=True, capture_output=True, timeout=180)
+    deadline = time.monotonic() + 300  # ends once the target is active (about 30 s here)
+    while host.run(f"systemctl is-active {PREFIX}.target").stdout.strip() != "active":
+        assert time.monotonic() < deadline, host.run(f"systemctl list-units '{PREFIX}*' --no-pager").stdout
+        time.sleep(1)
+    took = _wait_serving(host)
+    print(f"reboot to serving: {time.monotonic() - started:.1f} s (serving {took:.1f} s after the target)")
+    after = invocations()
+    assert all(after[u] and after[u] != before[u] for u in UNITS), (before, after)  # every unit started anew
+    code, body = curl(host, f"{ROUTER}/workers", key=admin_key(host))
+    assert code == 200, body
+    assert sorted(w["url"] for w in json.loads(body)["workers"]) == \
+        sorted(e["url"] for e in plan_on_host["cluster"]["engines"].values())
+    # the router unit ran its reconcile at this start: its last line is the JSON result
+    journal = host.check_output(f"journalctl _SYSTEMD_INVOCATION_ID={after[UNITS[2]]} --no-pager -o cat")
+    results = [json.loads(line) for line in journal.splitlines() if line.startswith('{"changed"')]
+    assert results and results[-1]["changed"] is False, journal[-3000:]
+    rc, failed, report = run_verify(host, plan_on_host)
+    assert (rc, failed) == (0, []), report["failures"]

@@ -1,0 +1,75 @@
+"""What the pinned SGLang (0.5.23, the validation environment's) does about field failures
+pdnode leaves to it (docs/field-failures.md): read in its source and its settings, so a
+new pin that drops the fix fails here, naming the row, before a node meets the failure.
+
+- Row 3 (sglang#36029): a decode drops its cached bootstrap entry for a prefill when a
+  hand-off with it fails, so a restarted prefill's new ports are fetched again.
+- Row 4 (sglang#13054): a session blacklisted at its first transfer failure is probed and
+  lifted again (the failed-session probe, on by default, every 30 s at first).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.conformance
+
+FACTS = """
+import importlib.metadata, importlib.util, json, os
+import sglang.srt.environ as e
+root = os.path.join(os.path.dirname(importlib.util.find_spec("sglang").origin), "srt", "disaggregation")
+names = ("SGLANG_ENABLE_FAILED_SESSION_PROBE", "SGLANG_FAILED_SESSION_PROBE_INTERVAL_S",
+         "SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S", "SGLANG_FAILED_SESSION_IDLE_TIMEOUT_S")
+print(json.dumps({"version": importlib.metadata.version("sglang"), "common": os.path.join(root, "common", "conn.py"),
+                  "mooncake": os.path.join(root, "mooncake", "conn.py"),
+                  "defaults": {n: getattr(e.envs, n).default for n in names}}))
+"""
+
+@pytest.fixture(scope="module")
+def pinned(sglang_env: Path) -> dict:
+    r = subprocess.run([str(sglang_env), "-c", FACTS], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def calls_in(path: str, name: str) -> dict[str, int]:
+    """Function name -> how often it calls NAME (as self.NAME(...) or NAME(...))."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    out: dict[str, int] = {}
+    for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        count = sum(1 for c in ast.walk(fn) if isinstance(c, ast.Call)
+                    and getattr(c.func, "attr", getattr(c.func, "id", None)) == name)
+        if count:
+            out[fn.name] = out.get(fn.name, 0) + count
+    return out
+
+
+def defined_in(path: str) -> set[str]:
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_the_pin_is_the_one_the_catalogue_read(pinned):
+    assert pinned["version"] == "0.5.23", "docs/field-failures.md rows 3 and 4 were read in 0.5.23: read them again"
+
+
+def test_row_3_a_failed_hand_off_drops_the_cached_bootstrap_entry(pinned):
+    assert "invalidate_cached_bootstrap_infos" in defined_in(pinned["common"]), "sglang#36029's fix is gone"
+    callers = calls_in(pinned["common"], "invalidate_cached_bootstrap_infos")
+    # the bootstrap fetch, the KV-args registration and the failure of a hand-off all drop it
+    assert sum(callers.values()) >= 3, callers
+
+
+def test_row_4_a_blacklisted_session_is_probed_and_lifted(pinned):
+    assert {"_unblacklist_session", "_run_one_probe_pass"} <= defined_in(pinned["mooncake"]), \
+        "the failed-session probe (sglang#13054's recovery) is gone"
+    assert calls_in(pinned["mooncake"], "_unblacklist_session"), "nothing lifts a blacklisted session"
+    assert pinned["defaults"] == {"SGLANG_ENABLE_FAILED_SESSION_PROBE": True,
+                                  "SGLANG_FAILED_SESSION_PROBE_INTERVAL_S": 30.0,
+                                  "SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S": 300.0,
+                                  "SGLANG_FAILED_SESSION_IDLE_TIMEOUT_S": 600.0}
