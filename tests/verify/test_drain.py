@@ -78,12 +78,18 @@ def node_2p2d(d: Path, package: str) -> Iterator[dict[str, Any]]:
 
 
 def drain(n: dict[str, Any], command: str, ids: list[str], timeout_s: float = 120,
-          router: str | None = None, args: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[str]]:
-    """Run `python -m pdnode.node.drain COMMAND` as the Ansible task does (spec on stdin)."""
+          router: str | None = None, args: tuple[str, ...] = (), spec_file: bool = False
+          ) -> tuple[dict[str, Any], list[str]]:
+    """Run `python -m pdnode.node.drain COMMAND` as the Ansible task does (spec on stdin),
+    or as the router unit does at its start (spec_file: --spec FILE)."""
     spec = {"router": router or n["base"], "admin_key_file": str(n["dir"] / "admin"),
             "api_key_file": str(n["dir"] / "client"), "timeout_s": timeout_s,
             "workers": [n["workers"][i] for i in ids]}
-    r = subprocess.run([sys.executable, "-m", "pdnode.node.drain", command, *args], input=json.dumps(spec), text=True,
+    if spec_file:
+        (n["dir"] / "router-workers.json").write_text(json.dumps(spec))
+        args = (*args, "--spec", str(n["dir"] / "router-workers.json"))
+    r = subprocess.run([sys.executable, "-m", "pdnode.node.drain", command, *args],
+                       input="" if spec_file else json.dumps(spec), text=True,
                        capture_output=True, timeout=600, check=False,
                        env={**os.environ, "PYTHONPATH": str(REPO / "scripts")})
     assert r.returncode == 0, r.stdout + r.stderr
@@ -281,6 +287,7 @@ def test_a_worker_left_out_is_named_by_verify_and_put_back_by_reconcile(tmp_path
         check, lines = drain(n, "reconcile", ["prefill-0", "decode-0"], args=("--check",))
         assert check["needed"] is True and check["missing"] == ["decode-0"] and check["unplanned"] == [], lines
         assert router_check(node).status == "FAIL"  # --check put nothing back
-        result, lines = drain(n, "reconcile", ["prefill-0", "decode-0"])
+        # as the router unit runs it when the router starts (its spec file, nothing on stdin)
+        result, lines = drain(n, "reconcile", ["prefill-0", "decode-0"], spec_file=True)
         assert result["added"] == ["decode-0"] and any("putting it back" in x for x in lines), lines
         assert router_check(node).status == "PASS"

@@ -238,6 +238,21 @@ def _wait_ok(url: str, timeout: float = 10.0) -> None:
     raise AssertionError(f"{url} did not come back")
 
 
+def test_a_decode_that_fails_generation_while_its_health_stays_200_is_named(node, plan, key_file):
+    """Field failure 2 (sglang#32652): a decode's control path fails while /health stays 200.
+    The verifier proves the pair with a real generate and names the decode."""
+    with faults(node, "decode", ["error500"]):
+        assert node.get(node.decode_url + "/health").status == 200  # green to a health check
+        rep = run_verify(plan, key_file, "decode_generation_fails", skip_burst=True)
+    checks = by_id(rep)
+    assert rep.exit_code == 1, explain(rep)
+    assert checks["decode-0"].status == "PASS", explain(rep)  # alive and healthy, as a prober sees it
+    # the pair is named, and the decode's answer in it (1P1D: no other partner to clear the prefill)
+    evidence = checks["disaggregation.decode-0"].evidence
+    assert checks["disaggregation.decode-0"].status == "FAIL", explain(rep)
+    assert "prefill-0 + decode-0 hand-off" in evidence and "decode-0 HTTP 500" in evidence, explain(rep)
+
+
 def test_metric_renamed(node, plan, key_file):
     with faults(node, "decode", ["rename_metric"]):
         rep = run_verify(plan, key_file, "metric_renamed")

@@ -143,8 +143,13 @@ def plan_on_host(host):
                           cwd=REPO, capture_output=True, text=True, check=True).stdout
     data = json.loads(plan)
     data["settings"]["pdnode_api_key_file"] = "molecule/node/files/test-api-key"
-    host.run(f"cat > /tmp/plan.json <<'EOF'\n{json.dumps(data)}\nEOF")
+    put_plan(host, data)
     return data
+
+
+def put_plan(host, plan):
+    """The plan where run_verify reads it (the node's /tmp: gone after a reboot)."""
+    host.run(f"cat > /tmp/plan.json <<'EOF'\n{json.dumps(plan)}\nEOF")
 
 
 def run_verify(host, plan, args="--skip-burst", env="", key_file=KEY_ON_HOST):
@@ -274,5 +279,6 @@ def test_a_reboot_brings_every_worker_back_and_verify_passes_without_a_deploy(ho
     journal = host.check_output(f"journalctl _SYSTEMD_INVOCATION_ID={after[UNITS[2]]} --no-pager -o cat")
     results = [json.loads(line) for line in journal.splitlines() if line.startswith('{"changed"')]
     assert results and results[-1]["changed"] is False, journal[-3000:]
+    put_plan(host, plan_on_host)
     rc, failed, report = run_verify(host, plan_on_host)
     assert (rc, failed) == (0, []), report["failures"]
