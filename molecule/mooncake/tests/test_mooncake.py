@@ -28,6 +28,16 @@ def test_engine_imports(host):
     assert out.rc == 0, out.stderr
 
 
+def test_the_roles_load_check_passes_and_names_the_build(host):
+    """What the role ran before any engine could start (files/mooncake_import_check.py)."""
+    script = (Path(__file__).resolve().parents[3] / "roles/mooncake/files/mooncake_import_check.py").read_text()
+    out = host.run(f"{VENV}/bin/python - <<'PDNODE_EOF'\n{script}\nPDNODE_EOF")
+    assert out.rc == 0, out.stdout + out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"ok": True, "mooncake": "mooncake-transfer-engine-non-cuda 0.3.13.post1", "torch": None,
+                   "torch_cuda": None}
+
+
 def test_loopback_transfer_measures_bandwidth(host):
     out = host.run(f"{VENV}/bin/python {TOOL} --bytes 33554432 --iterations 3")
     assert out.rc == 0, out.stdout + out.stderr
