@@ -215,6 +215,29 @@ def test_verify_sees_a_hung_decode(host, plan_on_host):
     _wait_serving(host)
 
 
+def test_verify_names_an_engine_whose_mooncake_runs_another_transport(host, plan_on_host):
+    """Field failure 8: the engines' transport is not the plan's path (here a drop-in sets
+    MC_FORCE_TCP on decode-0 outside pdnode; with no usable RDMA device Mooncake falls back
+    the same way, unasked). kv.transport reads what decode-0 logged at its start."""
+    dropin = f"/etc/systemd/system/{UNITS[1]}.d/99-test-force-tcp.conf"
+    host.check_output(f"printf '[Service]\\nEnvironment=MC_FORCE_TCP=1\\n' > {dropin} && systemctl daemon-reload "
+                      f"&& systemctl restart {UNITS[1]}")
+    try:
+        _wait_serving(host)
+        rc, failed, report = run_verify(host, plan_on_host)
+        check = next(c for c in report["checks"] if c["id"] == "kv.transport")
+        assert rc == 1 and "kv.transport" in failed, report["failures"]
+        assert "decode-0 logged 'MC_FORCE_TCP is set, using TCP transport only': tcp, not the plan's nvlink" \
+            in check["evidence"], check
+        assert "prefill-0: nvlink" in check["evidence"] and f"systemctl show -p Environment {UNITS[1]}" in check["hint"]
+    finally:
+        host.run(f"rm -f {dropin} && systemctl daemon-reload && systemctl restart {UNITS[1]}")
+        _wait_serving(host)
+    rc, failed, report = run_verify(host, plan_on_host)
+    assert (rc, failed) == (0, []), report["failures"]
+    assert next(c for c in report["checks"] if c["id"] == "kv.transport")["status"] == "PASS"
+
+
 def _wait_serving(host, deadline_s=300):  # ends once it serves (5-7 s, docs/measurements.md)
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:

@@ -166,6 +166,30 @@ def handoff_seconds(bytes_per_token: int | None, prompt_tokens: int, gb_s: float
 #   owned        the plan renders it for the path: a second value would be replaced unseen
 #   contradicts  the engines would run another transport or memory pool than the plan says
 #   surprising   it does nothing on this path, or steers it where pdnode checks nothing
+# What Mooncake's CUDA builds log when the transfer engine starts: the transport it
+# installed (transfer_engine_impl.cpp; the lines read in the 0.3.14 cuda13 wheel's
+# engine.so). "no HCA detected" is the silent fall-back of field failure 8 (vllm#51518);
+# NVLink "forced or no HCA" is the cross-node (MNNVL) transport, no path of the plan's.
+MOONCAKE_TRANSPORT_LINES = {
+    "MC_FORCE_TCP is set, using TCP transport only": "tcp",
+    "Using Intra-Node NVLink transport (MC_INTRANODE_NVLINK set)": "nvlink",
+    "Using NVLink transport (forced or no HCA detected)": "mnnvl",
+    "Using RDMA transport (RoCE/iWARP)": "rdma",
+    "Using TCP transport (no HCA detected)": "tcp",
+}
+
+
+def logged_transport(text: str) -> tuple[str, str] | None:
+    """(path, the line's message) of the last transport line Mooncake logged in TEXT (an
+    engine's log since its start), or None when there is none."""
+    found = None
+    for line in text.splitlines():
+        for message, path in MOONCAKE_TRANSPORT_LINES.items():
+            if message in line:
+                found = (path, message)
+    return found
+
+
 MOONCAKE_PATHS = ("nvlink", "rdma", "tcp")  # the nixl backend never starts Mooncake
 # The address every rank advertises for the hand-off (SGLang's get_local_ip_auto reads it
 # first, then HOST_IP, then SGLANG_LOCAL_IP_NIC): the plan sets it on a layout over hosts.

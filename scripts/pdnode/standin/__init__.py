@@ -62,6 +62,9 @@ Simulation knobs (environment variables; invalid values stop the start with exit
                                      hand-off takes at least its bytes at this speed
                                      (unset: the path's own figure); the path itself is read from
                                      MC_INTRANODE_NVLINK / MC_FORCE_TCP, as Mooncake does
+    PDNODE_SIM_NO_HCA                1: the simulated host has no usable RDMA device; on
+                                     the RDMA path the hand-off falls back to TCP (its speed),
+                                     logged as Mooncake does ("no HCA detected")
     PDNODE_SIM_FAULTS                comma list of faults active from the start
     PDNODE_SIM_SLOW_FACTOR           latency multiplier of the `slow` fault (default 10)
 Also honoured, with SGLang's meaning and defaults: SGLANG_DISAGGREGATION_WAITING_TIMEOUT

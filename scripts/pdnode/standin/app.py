@@ -103,6 +103,8 @@ async def serve(settings: Settings, launch_command: str) -> int:
             log.info("KV hand-off over %s (the environment's choice for Mooncake); the bytes cross loopback TCP, "
                      "the time reported is simulated at %g GB/s", settings.sim.kv_path(s.transfer_backend),
                      settings.sim.kv_speed_gb_s(s.transfer_backend))
+            # what Mooncake's CUDA build logs at this point, for the verify's kv.transport
+            log.info("%s", settings.sim.mooncake_line(s.transfer_backend))
         if s.mode == "prefill":
             bootstrap = BootstrapServer(s.host, s.bootstrap_port)
             try:

@@ -106,6 +106,9 @@ class SimSettings:
     # (kv_transport) and its simulated speed (kv_gb_s; None: the path's own figure).
     kv_transport: str = ""
     kv_gb_s: float | None = None
+    # The simulated host has no usable RDMA device (PDNODE_SIM_NO_HCA=1): on the RDMA path
+    # Mooncake falls back to TCP without an error, as a real host does (field failure 8).
+    no_hca: bool = False
 
     def kv_path(self, transfer_backend: str) -> str:
         """nvlink | tcp | rdma: what Mooncake 0.3.14 would run in this environment. It
@@ -114,11 +117,22 @@ class SimSettings:
         without NICs would run as TCP, as a real host without HCAs does."""
         if transfer_backend == "mooncake_tcp":
             return "tcp"
-        return self.kv_transport or "rdma"
+        return self.kv_transport or ("tcp" if self.no_hca else "rdma")
+
+    def mooncake_line(self, transfer_backend: str) -> str:
+        """The line Mooncake's CUDA build logs for the transport it installs in this
+        environment (pdnode.core.kv_path.MOONCAKE_TRANSPORT_LINES): the simulated host's."""
+        if transfer_backend == "mooncake_tcp" or self.kv_transport == "tcp":
+            return "MC_FORCE_TCP is set, using TCP transport only"
+        if self.kv_transport == "nvlink":
+            return "Using Intra-Node NVLink transport (MC_INTRANODE_NVLINK set)"
+        return "Using TCP transport (no HCA detected)" if self.no_hca else "Using RDMA transport (RoCE/iWARP)"
 
     def kv_speed_gb_s(self, transfer_backend: str) -> float:
         """The hand-off's simulated speed: the plan's for its path (PDNODE_SIM_KV_GB_S), or
         the path's own figure (pdnode.core.kv_path) when the stand-in runs without a plan."""
+        if self.no_hca and self.kv_path(transfer_backend) == "tcp" and not self.kv_transport:
+            return SPEEDS["tcp"][0]  # fell back: TCP's speed, whatever the plan rendered for RDMA
         return self.kv_gb_s or SPEEDS[self.kv_path(transfer_backend)][0]
 
     @property
@@ -369,6 +383,7 @@ def load_sim_settings(env: Mapping[str, str] | None = None) -> SimSettings:
         # `if (intra_env)` installs nvlink_intra before anything else).
         kv_transport="tcp" if "MC_FORCE_TCP" in env else "nvlink" if "MC_INTRANODE_NVLINK" in env else "",
         kv_gb_s=_env_float(env, "PDNODE_SIM_KV_GB_S", 0.0) or None,
+        no_hca=env.get("PDNODE_SIM_NO_HCA", "") == "1",
     )
     if sim.max_total_num_tokens < 1:
         raise ConfigError(

@@ -9,7 +9,7 @@ each check named by the instance's id (prefill-0, decode-1, ...):
 
     services -> bootstrap.<prefill> -> <instance> -> router -> proxy -> access
       -> completion -> correctness -> disaggregation -> disaggregation.<instance>
-      -> kv.link -> metrics -> burst -> threshold.*
+      -> kv.link -> kv.transport -> metrics -> burst -> threshold.*
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from .checks_completion import check_completion, check_correctness
 from .checks_disagg import check_disaggregation, instance_check, own_checks
 from .checks_engines import bootstrap_check, engine_check
 from .checks_kvlink import check_kv_link
+from .checks_transport import check_kv_transport
 from .checks_load import check_burst, make_threshold_check
 from .checks_metrics import check_metrics
 from .checks_router import check_router
@@ -56,6 +57,8 @@ def all_checks(run: Run) -> list[Check]:
                for i in instances]
     checks.append(Check("kv.link", "the KV path's link, measured with the Mooncake check (GPU to GPU)",
                         check_kv_link))
+    checks.append(Check("kv.transport", "the transport each engine's Mooncake installed is the plan's KV path",
+                        check_kv_transport))
     checks += [
         Check("metrics", "metric names the checks and thresholds use exist", check_metrics,
               deps={**{k: "pass" for k in engines}, "completion": "pass"}, na=engines),

@@ -1,0 +1,43 @@
+"""kv.transport (issue 28, field failure 8): the transport each engine's Mooncake logged at
+start against the plan's KV path. The lines are Mooncake 0.3.14's own (read in its cuda13
+wheel); the stand-in logs the one its simulated host would, and falls back as Mooncake does
+when the host has no usable RDMA device (PDNODE_SIM_NO_HCA=1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdnode.core.kv_path import MOONCAKE_TRANSPORT_LINES, logged_transport
+from pdnode.standin.config import load_sim_settings as sim_from_env
+
+GLOG = "I1203 17:25:49.429721  3726 transfer_engine_impl.cpp:387] "
+
+
+@pytest.mark.parametrize(("message", "path"), list(MOONCAKE_TRANSPORT_LINES.items()))
+def test_each_mooncake_line_gives_its_transport(message, path):
+    text = (f"{GLOG}Auto-discovering topology...\n{GLOG}Topology discovery complete. Found 2 HCAs.\n"
+            f"{GLOG}{message}\nINFO other line\n")
+    assert logged_transport(text) == (path, message)
+
+
+def test_no_line_is_none_and_the_last_line_wins():
+    assert logged_transport(f"{GLOG}Topology discovery complete. Found 0 HCAs.\n") is None
+    rdma, tcp = "Using RDMA transport (RoCE/iWARP)", "Using TCP transport (no HCA detected)"
+    assert logged_transport(f"{GLOG}{rdma}\n{GLOG}{tcp}\n") == ("tcp", tcp)  # a restart's, in one invocation
+
+
+@pytest.mark.parametrize(("env", "backend", "path"), [
+    ({"MC_INTRANODE_NVLINK": "1"}, "mooncake", "nvlink"),
+    ({}, "mooncake", "rdma"),
+    ({"PDNODE_SIM_NO_HCA": "1"}, "mooncake", "tcp"),           # the silent fall-back
+    ({"MC_FORCE_TCP": "1"}, "mooncake", "tcp"),
+    ({}, "mooncake_tcp", "tcp"),
+    ({"MC_INTRANODE_NVLINK": "1", "PDNODE_SIM_NO_HCA": "1"}, "mooncake", "nvlink"),  # NVLink needs no HCA
+])
+def test_the_standin_logs_what_mooncake_would_and_moves_at_that_paths_speed(env, backend, path):
+    sim = sim_from_env(env)
+    assert sim.kv_path(backend) == path
+    assert logged_transport(sim.mooncake_line(backend)) == (path, sim.mooncake_line(backend))
+    if env.get("PDNODE_SIM_NO_HCA") and path == "tcp":  # the plan rendered RDMA's speed; the fall-back has TCP's
+        assert sim_from_env({**env, "PDNODE_SIM_KV_GB_S": "40"}).kv_speed_gb_s(backend) == \
+            sim_from_env({"MC_FORCE_TCP": "1"}).kv_speed_gb_s(backend)
