@@ -64,6 +64,14 @@ def _burst(base: str, n: int, tag: str) -> collections.Counter[int]:
     return out
 
 
+def _statuses(base: str, n: int, tag: str) -> list[int]:
+    """_burst's requests, each one's status in order."""
+    from node import request
+
+    return [request("POST", base + "/v1/completions", {"model": "fake-model", "prompt": f"hello {tag} {i} " * (i % 5 + 1),
+                                                       "max_tokens": 2}, timeout=30).status for i in range(n)]
+
+
 def _kill_prefill(node: Any) -> None:
     proc = node.procs["prefill"]
     os.killpg(proc.pid, signal.SIGKILL)
@@ -82,14 +90,17 @@ def _remove_worker(base: str, url: str) -> None:
         time.sleep(0.1)
 
 
-def test_power_of_two_loses_at_most_one_request_when_a_prefill_dies(tmp_path):
-    """At most the one request the dead prefill held (measured: 0 in most runs, 1 in one
-    CI run); then the router keeps away from it (cache_aware kept going back: below)."""
+def test_power_of_two_loses_only_the_first_requests_when_a_prefill_dies_then_keeps_away(tmp_path):
+    """A few requests right after the kill may still reach the dead prefill (measured: 0 in
+    most runs, 1 and 2 in two CI runs on a loaded machine: how many depends on when smg's
+    checks see it); then the router keeps away from it (cache_aware kept going back:
+    below). Asserted: only 502s, at most 3, none in the last 20 of 30."""
     with smg_2p1d(tmp_path, "power_of_two") as n:
         assert _burst(n["base"], 10, "warm") == {200: 10}
         _kill_prefill(n["a"])
-        after = _burst(n["base"], 30, "after")
-        assert after[200] >= 29 and sum(after.values()) == 30, after
+        statuses = _statuses(n["base"], 30, "after")
+        assert set(statuses) <= {200, 502} and statuses.count(502) <= 3, statuses
+        assert statuses[-20:] == [200] * 20, statuses
 
 
 def test_cache_aware_loses_no_request_when_the_prefill_leaves_the_router_first(tmp_path):

@@ -72,6 +72,11 @@ class Service(TypedDict):
     bootstrap_port: NotRequired[int]  # prefill only
     metrics_url: NotRequired[str]  # router only
     live_args: NotRequired[list[str]]  # router only: args changed through its admin API, not a restart
+    # router only: what its unit runs once it is ready (its worker list made the plan's),
+    # and the spec that reads (pdnode.node.drain's: key file names, never keys)
+    post_start: NotRequired[list[str]]
+    reconcile_spec_file: NotRequired[str]
+    reconcile_spec: NotRequired[dict[str, Any]]
 
 
 class ClusterEngine(TypedDict):
