@@ -141,6 +141,14 @@ def cases(plan: dict[str, Any], rules: dict[str, dict[str, Any]]) -> list[dict[s
     case("PdWorkerUnhealthy", "one failed check, then healthy, does not fire",
          [series("smg_worker_health", worker, "1 1 0 1x10")], [("6m", [])])
 
+    opened = {**worker, "from": "closed", "to": "open"}
+    fired = {k: v for k, v in opened.items() if k not in ("from", "to")}
+    case("PdWorkerFailing", "a breaker opened once fires for 15 minutes, then clears",
+         [series("smg_worker_cb_transitions_total", opened, "0x5 1x40")], [("4m", []), ("8m", [fired]), ("25m", [])])
+    case("PdWorkerFailing", "a breaker that half-opens and closes again (to=closed) does not fire",
+         [series("smg_worker_cb_transitions_total", {**opened, "from": "half_open", "to": "closed"}, "0x5 1x40"),
+          series("smg_worker_cb_transitions_total", opened, "0x45")], [("8m", [])])
+
     if "PdRouterWorkersMissing" in rules:
         want = {role: len(plan["services"]["router"]["args"][role]) for role in ("prefill", "decode")}
         pool = {role: {**target["router"], "worker_type": role, "connection_mode": "http", "model": "m"}

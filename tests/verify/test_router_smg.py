@@ -191,3 +191,21 @@ def test_admin_key_manages_workers(node):
     decode_out_and_back(node, decode["id"], decode["url"], ADMIN, CLIENT)
     assert call(node, "POST", "/v1/completions", CLIENT, {"model": "fake-model", "prompt": "hi",
                                                            "max_tokens": 2}).status == 200
+
+
+def test_a_failing_worker_opens_its_breaker_and_counts_the_opening(tmp_path):
+    """What PdWorkerFailing reads: a decode that answers every generate with 500 while its
+    /health stays 200 (sglang#32652) has its breaker opened, counted in
+    smg_worker_cb_transitions_total{to="open"} by worker (its prefill's too: the pair failed)."""
+    from node import parse_metrics, request
+
+    with smg_node(tmp_path, CLIENT) as n:
+        n.set_faults("decode", ["error500"])
+        statuses = [call(n, "POST", "/v1/completions", CLIENT, {"model": "fake-model", "prompt": f"hi {i}",
+                                                                 "max_tokens": 2}).status for i in range(4)]
+        assert statuses[0] >= 500 and all(s >= 500 for s in statuses), statuses
+        fams = parse_metrics(request("GET", n.plan["services"]["router"]["metrics_url"], timeout=10).text)
+        opened = {lab["worker"]: v for _, lab, v in fams.get("smg_worker_cb_transitions", [])
+                  if lab.get("to") == "open" and lab.get("from") == "closed"}
+        assert opened.get(n.plan["services"]["decode-0"]["url"], 0) >= 1, opened
+        assert request("GET", n.plan["services"]["decode-0"]["url"] + "/health", timeout=10).status == 200
