@@ -13,8 +13,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .hostfacts import GOOD_NIC_LINKS, LINK_RANK
-from .hostfacts import roce_v2_ipv4 as hf_roce_v2_ipv4
+from .hostfacts import GOOD_NIC_LINKS, LINK_RANK, roce_v2_ipv4
 
 DEFAULT_SUPPORTED_OS = ("ubuntu 22.04", "ubuntu 24.04", "debian 12")
 RDMA_BACKENDS = ("mooncake", "nixl")
@@ -400,7 +399,7 @@ def _roce_gid(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
         j.warn("rdma.gid_table", ", ".join(unread), "RoCE NICs whose GID table the facts do not hold (gathered by an "
                "older pdnode): MC_GID_INDEX is not checked", "re-run the preflight")
         return
-    usable = [{i for i, e in gids.items() if hf_roce_v2_ipv4(e)} for _, gids in roce.values()]  # type: ignore[union-attr]
+    usable = [{i for i, e in gids.items() if roce_v2_ipv4(e)} for _, gids in roce.values()]  # type: ignore[union-attr]
     common = sorted(set.intersection(*usable))
     if common:
         suggest = f'set pdnode_engine_environment: {{MC_GID_INDEX: "{common[0]}"}} (RoCE v2 with its IPv4 address on {names})'
@@ -418,7 +417,7 @@ def _roce_gid(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
         if entry is None:
             j.error(f"nic.{dev}.gid", index, f"MC_GID_INDEX {index} is an empty entry of {dev} port {number}'s GID "
                     "table: Mooncake disables the device", suggest)
-        elif not hf_roce_v2_ipv4(entry):
+        elif not roce_v2_ipv4(entry):
             j.error(f"nic.{dev}.gid", index, f"MC_GID_INDEX {index} on {dev} port {number} is "
                     f"{entry.get('type', 'of unknown type')} {entry['gid']}"
                     f"{' (' + entry['ndev'] + ')' if entry.get('ndev') else ''}, not RoCE v2 with an IPv4 address",
