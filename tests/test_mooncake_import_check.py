@@ -60,3 +60,14 @@ def test_the_planted_build_that_loads_passes(tmp_path):
     got = json.loads(r.stdout)
     assert got["torch"] == "2.9.1+cu130" and got["torch_cuda"] == "13.0"
     assert "mooncake-transfer-engine 0.3.14" in got["mooncake"]
+
+
+def test_the_builds_it_names_are_the_ones_pdnode_installs():
+    import ast
+
+    from pdnode.core.mooncake_select import PACKAGES
+
+    tree = ast.parse(CHECK.read_text())
+    (builds,) = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 and getattr(n.targets[0], "id", None) == "BUILDS"]
+    assert sorted(builds) == sorted(PACKAGES.values())

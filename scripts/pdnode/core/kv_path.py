@@ -170,12 +170,16 @@ def handoff_seconds(bytes_per_token: int | None, prompt_tokens: int, gb_s: float
 # installed (transfer_engine_impl.cpp; the lines read in the 0.3.14 cuda13 wheel's
 # engine.so). "no HCA detected" is the silent fall-back of field failure 8 (vllm#51518);
 # NVLink "forced or no HCA" is the cross-node (MNNVL) transport, no path of the plan's.
+MOONCAKE_FORCED_TCP = "MC_FORCE_TCP is set, using TCP transport only"
+MOONCAKE_INTRANODE_NVLINK = "Using Intra-Node NVLink transport (MC_INTRANODE_NVLINK set)"
+MOONCAKE_RDMA = "Using RDMA transport (RoCE/iWARP)"
+MOONCAKE_NO_HCA_TCP = "Using TCP transport (no HCA detected)"
 MOONCAKE_TRANSPORT_LINES = {
-    "MC_FORCE_TCP is set, using TCP transport only": "tcp",
-    "Using Intra-Node NVLink transport (MC_INTRANODE_NVLINK set)": "nvlink",
+    MOONCAKE_FORCED_TCP: "tcp",
+    MOONCAKE_INTRANODE_NVLINK: "nvlink",
     "Using NVLink transport (forced or no HCA detected)": "mnnvl",
-    "Using RDMA transport (RoCE/iWARP)": "rdma",
-    "Using TCP transport (no HCA detected)": "tcp",
+    MOONCAKE_RDMA: "rdma",
+    MOONCAKE_NO_HCA_TCP: "tcp",
 }
 
 

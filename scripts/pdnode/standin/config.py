@@ -16,7 +16,8 @@ from collections.abc import Mapping
 
 from .faults import FaultError, parse_faults
 from .rendezvous import DEFAULT_TIMEOUT_S, parse_dist_init_addr
-from ..core.kv_path import SPEEDS
+from ..core.kv_path import (MOONCAKE_FORCED_TCP, MOONCAKE_INTRANODE_NVLINK, MOONCAKE_NO_HCA_TCP, MOONCAKE_RDMA,
+                             SPEEDS)
 from ..core.plan import known_server_args
 from ..node.secrets import SecretError, read_secret_file
 
@@ -123,10 +124,10 @@ class SimSettings:
         """The line Mooncake's CUDA build logs for the transport it installs in this
         environment (pdnode.core.kv_path.MOONCAKE_TRANSPORT_LINES): the simulated host's."""
         if transfer_backend == "mooncake_tcp" or self.kv_transport == "tcp":
-            return "MC_FORCE_TCP is set, using TCP transport only"
+            return MOONCAKE_FORCED_TCP
         if self.kv_transport == "nvlink":
-            return "Using Intra-Node NVLink transport (MC_INTRANODE_NVLINK set)"
-        return "Using TCP transport (no HCA detected)" if self.no_hca else "Using RDMA transport (RoCE/iWARP)"
+            return MOONCAKE_INTRANODE_NVLINK
+        return MOONCAKE_NO_HCA_TCP if self.no_hca else MOONCAKE_RDMA
 
     def kv_speed_gb_s(self, transfer_backend: str) -> float:
         """The hand-off's simulated speed: the plan's for its path (PDNODE_SIM_KV_GB_S), or
