@@ -70,6 +70,7 @@ FLAGGED = [
     ("MC_INTRANODE_NVLINK", "1", "tcp", AGAINST),
     ("MC_FORCE_HCA", "1", "nvlink", WARN),
     ("MC_FORCE_HCA", "1", "tcp", WARN),
+    ("MC_FORCE_HCA", "1", "pair", OWNED),  # the plan sets it on the RDMA path (field failure 7c)
     ("MC_USE_TENT", "1", "nvlink", AGAINST),
     ("MC_USE_TEV1", "1", "pair", AGAINST),
     ("MC_GID_INDEX", 3, "nvlink", WARN),
@@ -102,7 +103,6 @@ FLAGGED = [
 # (variable, value, layout): values that agree with the plan's path, accepted in silence
 ACCEPTED = [
     ("MC_FORCE_TCP", "1", "tcp"),  # what SGLang's mooncake_tcp sets itself
-    ("MC_FORCE_HCA", "1", "pair"),  # RDMA or a failed start: never a silent fall-back
     ("MC_GID_INDEX", 3, "pair"),
     ("MC_IB_PORT", 1, "rdma-map"),
     ("MC_RDMA_BIND_ADDRESS", "10.20.0.11", "pair"),
@@ -119,6 +119,7 @@ ACCEPTED = [
 NEVER_SILENT = {
     "MC_INTRANODE_NVLINK": "the plan sets it on the NVLink path (pdnode_kv_intranode_nvlink), and it breaks any other",
     "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": "the plan sets it on the NVLink path; its pools serve no other path",
+    "MC_FORCE_HCA": "the plan sets it on the RDMA path; it does nothing on any other",
     "MC_FORCE_MNNVL": "no pdnode path is MNNVL, and the PyPI builds pdnode installs lack it",
     "MC_USE_TENT": "TENT chooses its own transport: no plan describes it",
     "MC_USE_TEV1": "TENT chooses its own transport: no plan describes it",

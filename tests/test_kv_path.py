@@ -26,6 +26,7 @@ def test_one_host_moves_kv_over_nvlink_and_renders_it_in_every_engine():
     assert kv["path"] == "nvlink" and kv["gb_s"] == 385.0
     for env in _engines_env(plan):
         assert {k: env[k] for k in NVLINK_ENV} == NVLINK_ENV
+        assert "MC_FORCE_HCA" not in env  # NVLink needs no NIC
     assert {s["args"]["disaggregation_transfer_backend"] for s in plan.engines()} == {"mooncake"}
     assert "MC_INTRANODE_NVLINK" not in plan.services["router"]["environment"]
 
@@ -45,7 +46,7 @@ def test_nvlink_switched_off_without_nics_is_tcp_with_a_warning_naming_its_ttft_
     kv = plan.cluster["kv"]
     assert kv["path"] == "tcp" and kv["gb_s"] == 1.8
     assert kv["handoff_s"] == pytest.approx(188_416 * 4000 / 1.8e9, rel=1e-3)
-    assert all("MC_INTRANODE_NVLINK" not in env for env in _engines_env(plan))
+    assert all("MC_INTRANODE_NVLINK" not in env and "MC_FORCE_HCA" not in env for env in _engines_env(plan))
     assert {s["args"]["disaggregation_transfer_backend"] for s in plan.engines()} == {"mooncake_tcp"}
     [warning] = [w for w in plan.warnings if w.rule_id == "kv-over-tcp"]
     assert "about 0.42 s of TTFT for a 4000-token prompt" in str(warning), str(warning)
@@ -55,6 +56,9 @@ def test_rdma_with_the_nic_map_when_nvlink_is_off():
     plan = build_plan(changed(variables("gpu01"), {"pdnode_kv_intranode_nvlink": False}), "gpu01")
     assert plan.cluster["kv"]["path"] == "rdma" and "per-GPU NIC map" in plan.cluster["kv"]["why"]
     assert not [w for w in plan.warnings if w.rule_id == "kv-over-tcp"]
+    # field failure 7c: an engine without a usable NIC fails its start instead of moving KV over TCP
+    assert all(env["MC_FORCE_HCA"] == "1" and "MC_INTRANODE_NVLINK" not in env for env in _engines_env(plan))
+    assert "MC_FORCE_HCA" not in plan.services["router"]["environment"]
 
 
 def test_a_layout_over_two_hosts_is_rdma_for_every_pair_and_says_why_not_nvlink():
@@ -63,13 +67,14 @@ def test_a_layout_over_two_hosts_is_rdma_for_every_pair_and_says_why_not_nvlink(
         plan = build_plan(peers[host], host, peers)
         kv = plan.cluster["kv"]
         assert kv["path"] == "rdma" and "spans hosts" in kv["why"]
-        assert all("MC_INTRANODE_NVLINK" not in env for env in _engines_env(plan))
+        assert all("MC_INTRANODE_NVLINK" not in env and env["MC_FORCE_HCA"] == "1" for env in _engines_env(plan))
 
 
 def test_nixl_keeps_its_backend():
     plan = build_plan(changed(variables("gpu01"), {"pdnode_transfer_backend": "nixl"}), "gpu01")
     assert plan.cluster["kv"]["path"] == "nixl"
     assert {s["args"]["disaggregation_transfer_backend"] for s in plan.engines()} == {"nixl"}
+    assert all("MC_FORCE_HCA" not in env for env in _engines_env(plan))
 
 
 def test_the_stand_in_node_paces_its_loopback_bytes_to_the_paths_speed():

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from .node import metric_sum, standin_node
+from pdnode.core.kv_path import MOONCAKE_NO_RNIC, MOONCAKE_RDMA, MOONCAKE_RDMA_INSTALL_FAILED
+
+from .node import NodeError, metric_sum, standin_node
 
 PROMPT_TOKENS = 400  # x 16 KiB (FAST_ENV) = 6.25 MiB of KV per request
 
@@ -44,3 +46,24 @@ def test_nvlink_path_is_named_and_not_slowed(tmp_path):
         for role in ("prefill", "decode"):
             assert "KV hand-off over nvlink" in node.log(role)
         assert "over nvlink in" in node.log("prefill")
+
+
+@pytest.mark.integration
+def test_rdma_with_the_plans_mc_force_hca_runs_where_the_host_has_nics(tmp_path):
+    # The plan renders MC_FORCE_HCA on the RDMA path (field failure 7c): a host with its
+    # NICs runs RDMA as before, and the stand-in's own Mooncake (loopback TCP, no NICs here)
+    # still starts: it drops the switch the simulated host has already answered.
+    with standin_node(tmp_path, env={"MC_FORCE_HCA": "1", "PDNODE_SIM_KV_GB_S": "25.0"}) as node:
+        _one_request(node)
+        for role in ("prefill", "decode"):
+            assert "KV hand-off over rdma" in node.log(role) and MOONCAKE_RDMA in node.log(role)
+
+
+@pytest.mark.integration
+def test_rdma_with_mc_force_hca_on_a_host_without_nics_fails_its_start_naming_mooncakes_line(tmp_path):
+    # Without MC_FORCE_HCA the same host falls back to TCP in silence (field failure 8, the
+    # verify's kv.transport); with it, each engine exits at start with Mooncake's own line.
+    with pytest.raises(NodeError, match="exited with 1") as failed:
+        with standin_node(tmp_path, env={"MC_FORCE_HCA": "1", "PDNODE_SIM_NO_HCA": "1"}):
+            pass
+    assert MOONCAKE_NO_RNIC in str(failed.value) and MOONCAKE_RDMA_INSTALL_FAILED in str(failed.value)

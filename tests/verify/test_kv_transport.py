@@ -41,3 +41,17 @@ def test_the_standin_logs_what_mooncake_would_and_moves_at_that_paths_speed(env,
     if env.get("PDNODE_SIM_NO_HCA") and path == "tcp":  # the plan rendered RDMA's speed; the fall-back has TCP's
         assert sim_from_env({**env, "PDNODE_SIM_KV_GB_S": "40"}).kv_speed_gb_s(backend) == \
             sim_from_env({"MC_FORCE_TCP": "1"}).kv_speed_gb_s(backend)
+
+
+@pytest.mark.parametrize(("env", "backend", "fails"), [
+    ({"MC_FORCE_HCA": "1", "PDNODE_SIM_NO_HCA": "1"}, "mooncake", True),    # the plan's RDMA switch, no NIC
+    ({"MC_FORCE_HCA": "1"}, "mooncake", False),                             # NICs there: RDMA as before
+    ({"MC_FORCE_HCA": "1", "PDNODE_SIM_NO_HCA": "1"}, "mooncake_tcp", False),  # MC_FORCE_TCP comes first
+    ({"MC_FORCE_HCA": "1", "MC_INTRANODE_NVLINK": "1", "PDNODE_SIM_NO_HCA": "1"}, "mooncake", False),
+    ({"PDNODE_SIM_NO_HCA": "1"}, "mooncake", False),                        # the silent fall-back of row 8
+])
+def test_the_standin_fails_its_start_where_mooncake_would(env, backend, fails):
+    error = sim_from_env(env).mooncake_start_error(backend)
+    assert (error is not None) == fails
+    if fails:
+        assert "RdmaTransport: No available RNIC" in error and "Failed to install RDMA transport" in error

@@ -32,6 +32,13 @@ SPEEDS: dict[str, tuple[float, str]] = {
     "nixl": (25.0, "nominal: UCX over the per-GPU NICs"),
 }
 NVLINK_ENVIRONMENT = {"MC_INTRANODE_NVLINK": "1", "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": "INTRA_NODE_NVLINK"}
+# On RDMA, Mooncake without a usable NIC installs TCP and says only "no HCA detected"
+# (field failures 7c and 8). MC_FORCE_HCA (Mooncake#1259, made for this; tested for
+# presence) makes it install RDMA anyway, which then fails the engine's start with
+# "RdmaTransport: No available RNIC": a deploy that stops naming the engine, not a node
+# that serves at TCP's speed. Where the NICs are there it changes nothing.
+RDMA_ENVIRONMENT = {"MC_FORCE_HCA": "1"}
+PATH_ENVIRONMENT = {"nvlink": NVLINK_ENVIRONMENT, "rdma": RDMA_ENVIRONMENT}
 # What a path silently falls back to when its transport cannot start (Mooncake without
 # MC_INTRANODE_NVLINK in one process, or without a usable HCA: "Using TCP transport").
 # TCP has nothing slower below it.
@@ -108,7 +115,7 @@ def choose(v: dict[str, Any], multi_host: bool, nic_map: bool) -> dict[str, Any]
                 "over loopback TCP, paced to the path's speed (PDNODE_SIM_KV_GB_S)")
     gb_s, source = SPEEDS[path]
     return {"path": path, "gb_s": gb_s, "source": source, "why": why,
-            "environment": dict(NVLINK_ENVIRONMENT) if path == "nvlink" else {},
+            "environment": dict(PATH_ENVIRONMENT.get(path, {})),
             # mooncake_tcp would force TCP (MC_FORCE_TCP) under the NVLink transport
             "backend": "mooncake" if path == "nvlink" else backend}
 
@@ -174,6 +181,10 @@ MOONCAKE_FORCED_TCP = "MC_FORCE_TCP is set, using TCP transport only"
 MOONCAKE_INTRANODE_NVLINK = "Using Intra-Node NVLink transport (MC_INTRANODE_NVLINK set)"
 MOONCAKE_RDMA = "Using RDMA transport (RoCE/iWARP)"
 MOONCAKE_NO_HCA_TCP = "Using TCP transport (no HCA detected)"
+# ...and what it logs when MC_FORCE_HCA asks for RDMA on a host without a usable NIC
+# (0.3.14 cuda13 engine.so; initialize() then returns -1 and SGLang's start fails).
+MOONCAKE_NO_RNIC = "RdmaTransport: No available RNIC"
+MOONCAKE_RDMA_INSTALL_FAILED = "Failed to install RDMA transport"
 MOONCAKE_TRANSPORT_LINES = {
     MOONCAKE_FORCED_TCP: "tcp",
     MOONCAKE_INTRANODE_NVLINK: "nvlink",
@@ -220,8 +231,8 @@ NIXL_ONLY = ("SGLANG_DISAGGREGATION_NIXL_BACKEND", "SGLANG_DISAGGREGATION_NIXL_B
 _TRUE, _FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
 # Every variable judged here (tests/test_kv_environment.py holds a refused or warned case and
 # an accepted one for each).
-JUDGED_ENVIRONMENT = frozenset((*NVLINK_ENVIRONMENT, ADDRESS_VARIABLE, "HOST_IP", "SGLANG_LOCAL_IP_NIC",
-                                *MOONCAKE_ONLY, *NIXL_ONLY))
+JUDGED_ENVIRONMENT = frozenset((*NVLINK_ENVIRONMENT, *RDMA_ENVIRONMENT, ADDRESS_VARIABLE, "HOST_IP",
+                                "SGLANG_LOCAL_IP_NIC", *MOONCAKE_ONLY, *NIXL_ONLY))
 
 
 class EnvironmentFinding(NamedTuple):
@@ -250,6 +261,9 @@ def _judge(name: str, value: str, path: str, multi_host: bool,
     if name in NVLINK_ENVIRONMENT and path == "nvlink":
         return ("owned", f"the plan sets {name}={NVLINK_ENVIRONMENT[name]} in every engine for its NVLink path",
                 "remove it (pdnode_kv_intranode_nvlink chooses the path)")
+    if name in RDMA_ENVIRONMENT and path == "rdma":
+        return ("owned", f"the plan sets {name}={RDMA_ENVIRONMENT[name]} in every engine for its RDMA path (an "
+                "engine without a usable NIC then fails its start instead of moving KV over TCP)", "remove it")
     if name == ADDRESS_VARIABLE and multi_host:
         return ("owned", "the plan sets it in every engine to the host's pdnode_node_address, the address its "
                 "peers and the firewall know", "remove it and set pdnode_node_address of the host")

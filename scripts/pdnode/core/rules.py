@@ -185,7 +185,8 @@ RULES: tuple[Rule, ...] = (
     Rule("ib-devices-cover-gpus", "error", "`pdnode_ib_devices` maps every GPU the instances use"),
     Rule("kv-environment-owned", "error", "`pdnode_engine_environment` does not set a variable the plan renders "
          "for the layout's KV path (`MC_INTRANODE_NVLINK` and `SGLANG_MOONCAKE_CUSTOM_MEM_POOL` on the NVLink path, "
-         "`SGLANG_HOST_IP` on a layout over several hosts): the plan's value would replace it unseen"),
+         "`MC_FORCE_HCA` on the RDMA path, `SGLANG_HOST_IP` on a layout over several hosts): the plan's value would "
+         "replace it unseen"),
     Rule("kv-environment-contradicts", "error", "no Mooncake or SGLang variable in `pdnode_engine_environment` makes "
          "the engines run another KV transport or memory pool than the plan's path (`MC_FORCE_TCP` under NVLink or "
          "RDMA, `MC_FORCE_MNNVL`, `MC_INTRANODE_NVLINK` off the NVLink path, `MC_USE_TENT`, a "

@@ -99,6 +99,9 @@ async def serve(settings: Settings, launch_command: str) -> int:
         log.info("stand-in %s (%s) HTTP on %s:%d, model %s served as %s, tp %d, dp %d, attn_dp %d, ep %d",
                  VERSION, s.mode, s.host, s.port, s.model_path, s.served_model_name,
                  s.tp_size, s.dp_size, s.attn_dp_size, s.ep_size)
+        if s.mode != "null" and settings.sim.mooncake_start_error(s.transfer_backend):
+            log.error("%s", settings.sim.mooncake_start_error(s.transfer_backend))
+            return 1
         if s.mode != "null":
             log.info("KV hand-off over %s (the environment's choice for Mooncake); the bytes cross loopback TCP, "
                      "the time reported is simulated at %g GB/s", settings.sim.kv_path(s.transfer_backend),

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 from .faults import FaultError, parse_faults
 from .rendezvous import DEFAULT_TIMEOUT_S, parse_dist_init_addr
-from ..core.kv_path import (MOONCAKE_FORCED_TCP, MOONCAKE_INTRANODE_NVLINK, MOONCAKE_NO_HCA_TCP, MOONCAKE_RDMA,
-                             SPEEDS)
+from ..core.kv_path import (MOONCAKE_FORCED_TCP, MOONCAKE_INTRANODE_NVLINK, MOONCAKE_NO_HCA_TCP, MOONCAKE_NO_RNIC,
+                             MOONCAKE_RDMA, MOONCAKE_RDMA_INSTALL_FAILED, SPEEDS)
 from ..core.plan import known_server_args
 from ..node.secrets import SecretError, read_secret_file
 
@@ -110,6 +110,16 @@ class SimSettings:
     # The simulated host has no usable RDMA device (PDNODE_SIM_NO_HCA=1): on the RDMA path
     # Mooncake falls back to TCP without an error, as a real host does (field failure 8).
     no_hca: bool = False
+    # MC_FORCE_HCA in the environment (the plan's, on the RDMA path): without a usable
+    # device Mooncake then fails to start instead of falling back (field failure 7c).
+    force_hca: bool = False
+
+    def mooncake_start_error(self, transfer_backend: str) -> str | None:
+        """What Mooncake 0.3.14 logs when it cannot start in this environment on the
+        simulated host (the engine then exits), or None."""
+        if self.no_hca and self.force_hca and transfer_backend != "mooncake_tcp" and not self.kv_transport:
+            return f"{MOONCAKE_NO_RNIC}; {MOONCAKE_RDMA_INSTALL_FAILED} (MC_FORCE_HCA set)"
+        return None
 
     def kv_path(self, transfer_backend: str) -> str:
         """nvlink | tcp | rdma: what Mooncake 0.3.14 would run in this environment. It
@@ -385,6 +395,7 @@ def load_sim_settings(env: Mapping[str, str] | None = None) -> SimSettings:
         kv_transport="tcp" if "MC_FORCE_TCP" in env else "nvlink" if "MC_INTRANODE_NVLINK" in env else "",
         kv_gb_s=_env_float(env, "PDNODE_SIM_KV_GB_S", 0.0) or None,
         no_hca=env.get("PDNODE_SIM_NO_HCA", "") == "1",
+        force_hca="MC_FORCE_HCA" in env,
     )
     if sim.max_total_num_tokens < 1:
         raise ConfigError(

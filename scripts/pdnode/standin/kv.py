@@ -27,6 +27,7 @@ import ctypes
 import dataclasses
 import logging
 import mmap
+import os
 import struct
 import time
 from typing import Any
@@ -133,6 +134,10 @@ class MooncakeEngine:
     def __init__(self, host: str) -> None:
         from mooncake.engine import TransferEngine  # imported late: needs libibverbs
 
+        # The simulated host's transport was judged from the environment (config.py); this
+        # process's own Mooncake moves the bytes over loopback TCP on a host without NICs,
+        # where the plan's MC_FORCE_HCA (RDMA path) would make it refuse to start.
+        os.environ.pop("MC_FORCE_HCA", None)
         self._te = TransferEngine()
         rc = self._te.initialize(host, "P2PHANDSHAKE", "tcp", "")
         if rc != 0:
