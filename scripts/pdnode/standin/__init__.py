@@ -64,7 +64,9 @@ Simulation knobs (environment variables; invalid values stop the start with exit
                                      MC_INTRANODE_NVLINK / MC_FORCE_TCP, as Mooncake does
     PDNODE_SIM_NO_HCA                1: the simulated host has no usable RDMA device; on
                                      the RDMA path the hand-off falls back to TCP (its speed),
-                                     logged as Mooncake does ("no HCA detected")
+                                     logged as Mooncake does ("no HCA detected"); with
+                                     MC_FORCE_HCA set (the plan's, on RDMA) the engine
+                                     fails its start with Mooncake's "No available RNIC"
     PDNODE_SIM_FAULTS                comma list of faults active from the start
     PDNODE_SIM_SLOW_FACTOR           latency multiplier of the `slow` fault (default 10)
 Also honoured, with SGLang's meaning and defaults: SGLANG_DISAGGREGATION_WAITING_TIMEOUT
