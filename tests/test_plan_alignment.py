@@ -31,7 +31,9 @@ def test_dp_replicas_are_accepted_and_rendered(host16, tp):
     args = plan.services["prefill-0"]["args"]
     assert (args["tp_size"], args["dp_size"], args["base_gpu_id"], args["gpu_id_step"]) == (4, 2, 0, 1)
     assert "attn_dp_size" not in args and "nccl_port" not in args  # each replica picks its own
-    assert plan.warnings == []
+    # ...from 22000-29999, where the router's metrics port (29000) lies: the one warning
+    assert [(w.rule_id, w.field) for w in plan.warnings] == [("dp-replica-port-draw", "pdnode_router_metrics_port")]
+    assert build_plan({**v, "pdnode_router_metrics_port": 30900}).warnings == []
 
 
 def test_dp_replicas_with_dp_attention_are_one_line_with_sglangs_reason(gpu01_vars):

@@ -252,3 +252,21 @@ def test_two_instances_on_one_port_is_one_line(gpu01_vars):
         "pdnode_prefill_instances[1].port=30500: prefill-1's port and prefill-0's port are both port 30500. "
         "Fix: set pdnode_prefill_instances[1].port: 30502 (the nearest free port), or leave the instances' ports "
         "out so the plan allocates them."]
+
+
+def test_a_listener_where_dp_replicas_draw_their_nccl_port_is_a_warning_with_a_free_port(gpu01_vars):
+    """Field failure 12 (sglang#39611): SGLang 0.5.23 draws a DP replica's NCCL port from
+    22000-29999 at every start; the router's metrics port (29000 in gpu01) lies there."""
+    v = changed(gpu01_vars, {"prefill[0]": {"tp_size": 2, "dp_size": 2}})
+    plan = build_plan(v)
+    [warning] = [w for w in plan.warnings if w.rule_id == "dp-replica-port-draw"]
+    assert str(warning).startswith("pdnode_router_metrics_port=29000: prefill-0 runs DP replicas"), str(warning)
+    assert "22000-29999" in str(warning) and "the router's metrics_port" in str(warning)
+    suggested = int(str(warning).split("Fix: set pdnode_router_metrics_port: ")[1].split(" ")[0])
+    assert suggested not in plan.ports.values() and suggested > 29999
+    moved = build_plan({**v, "pdnode_router_metrics_port": suggested})
+    assert not [w for w in moved.warnings if w.rule_id == "dp-replica-port-draw"]
+    _assert_collision_free(moved.ports)
+    # without replicas nothing draws there: the same port is no warning
+    assert not [w for w in build_plan(gpu01_vars).warnings if w.rule_id == "dp-replica-port-draw"]
+

@@ -123,6 +123,8 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
                                  "decode[0]": {"extra_args": {"enable_hisparse": True}}}, set()),
     "port-range": ({"prefill[0]": {"port": 80}}, set()),
     "port-collision": ({"prefill[0]": {"port": 8000}}, set()),
+    # DP replicas draw their NCCL ports from 22000-29999, where gpu01's router metrics port is
+    "dp-replica-port-draw": ({"prefill[0]": {"tp_size": 2, "dp_size": 2}}, set()),
     "router-port-not-30000": ({"pdnode_router_port": 30000}, set()),
     "transfer-backend-supported": ({"pdnode_transfer_backend": "fake"}, set()),
     "ib-devices-need-rdma-backend": ({"pdnode_transfer_backend": "mooncake_tcp"}, set()),

@@ -6,6 +6,9 @@ new pin that drops the fix fails here, naming the row, before a node meets the f
   hand-off with it fails, so a restarted prefill's new ports are fetched again.
 - Row 4 (sglang#13054): a session blacklisted at its first transfer failure is probed and
   lifted again (the failed-session probe, on by default, every 30 s at first).
+- Row 12 (sglang#39611): DP replicas draw their NCCL ports from the range the plan keeps
+  its listeners out of (pdnode.core.ports.REPLICA_NCCL_DRAW), and still cannot share a
+  pinned one.
 """
 
 from __future__ import annotations
@@ -73,3 +76,28 @@ def test_row_4_a_blacklisted_session_is_probed_and_lifted(pinned):
                                   "SGLANG_FAILED_SESSION_PROBE_INTERVAL_S": 30.0,
                                   "SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S": 300.0,
                                   "SGLANG_FAILED_SESSION_IDLE_TIMEOUT_S": 600.0}
+
+
+DRAW = """
+import inspect, json
+import sglang.srt.utils.network as n
+import sglang.srt.server_args as s
+print(json.dumps({"draw": inspect.getsource(n.get_free_port_below_ephemeral),
+                  "init_new": inspect.getsource(s.PortArgs.init_new)}))
+"""
+
+
+def test_row_12_dp_replicas_draw_their_nccl_port_where_the_plan_warns(sglang_env):
+    from pdnode.core.ports import REPLICA_NCCL_DRAW
+
+    r = subprocess.run([str(sglang_env), "-c", DRAW], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    src = json.loads(r.stdout.strip().splitlines()[-1])
+    args = ast.parse(src["draw"].strip()).body[0].args
+    names = [a.arg for a in args.args][-len(args.defaults):]
+    defaults = dict(zip(names, (ast.literal_eval(d) for d in args.defaults)))
+    assert range(defaults["low"], defaults["high"] + 1) == REPLICA_NCCL_DRAW, \
+        "row 12: SGLang draws DP replicas' NCCL ports elsewhere now: move REPLICA_NCCL_DRAW"
+    # a pinned nccl_port goes to every replica alike (why the plan pins none for them)
+    init_new = src["init_new"]
+    assert "get_free_port_below_ephemeral()" in init_new and "nccl_port = server_args.nccl_port" in init_new

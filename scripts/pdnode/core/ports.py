@@ -25,6 +25,13 @@ DP_ATTENTION_OFFSETS = range(233, 240)
 # scheduler input, load collector) and +13 (the worker-port handshake the other node
 # ranks connect to; data_parallel_controller.py). docs/multi-host.md has the table.
 DIST_INIT_OFFSETS = (1, 2, 3, 4, 5, 6, 13)
+# DP replicas (dp_size > 1 without DP attention) cannot be given an NCCL port: SGLang 0.5.23
+# hands the one port to every replica, and the second bind fails. Each replica draws its
+# own at every start instead (PortArgs.init_new -> get_free_port_below_ephemeral: a random
+# port of 22000-29999 that is free at that moment; sglang#39611 is this draw colliding).
+# A listener of the plan in that range whose owner is not up yet (the router starts after
+# the engines; a restarted engine) can be drawn, and its owner then fails to start.
+REPLICA_NCCL_DRAW = range(22000, 30000)
 BASES = {  # kind -> (first port, stride)
     ("prefill", "port"): (30000, 10),
     ("decode", "port"): (30001, 10),
@@ -91,6 +98,7 @@ def allocate(c: Any, instances: list[Instance], router: dict[str, Any]) -> dict[
     (inventory variable, port)."""
     taken: dict[int, str] = {}
     ports: dict[str, int] = {}
+    fields: dict[str, str] = {}  # reserved name -> the inventory field that sets it
     # (first owner, second owner) -> the first overlap: one line per pair, however many
     # of an instance's ports overlap the other's
     clashes: dict[tuple[str, str], tuple[str, str, int, str, Any]] = {}
@@ -103,6 +111,7 @@ def allocate(c: Any, instances: list[Instance], router: dict[str, Any]) -> dict[
             else:
                 taken[port] = name
             ports[name] = port
+            fields[name] = field
 
     for name, (var, port) in router.items():
         if isinstance(port, int):
@@ -151,7 +160,30 @@ def allocate(c: Any, instances: list[Instance], router: dict[str, Any]) -> dict[
         c.error("port-collision", field, value, rule,
                 (f"set {field}: {free} (the nearest free port)" if free else f"move {field}")
                 + (", or leave the instances' ports out so the plan allocates them" if inst else ""))
+    _warn_replica_draw(c, instances, ports, fields, taken)
     return ports
+
+
+def _warn_replica_draw(c: Any, instances: list[Instance], ports: dict[str, int], fields: dict[str, str],
+                       taken: dict[int, str]) -> None:
+    """A warning per planned setting with a listener a DP replica's NCCL draw can take
+    (REPLICA_NCCL_DRAW), and the nearest free port above the range for it."""
+    replicas = [i.id for i in instances if isinstance(i.dp_size, int) and i.dp_size > 1 and not _dp_attention(i)]
+    if not replicas:
+        return
+    first, last = REPLICA_NCCL_DRAW[0], REPLICA_NCCL_DRAW[-1]
+    used, warned = set(taken), set()
+    for name, port in sorted(ports.items(), key=lambda item: item[1]):
+        if port not in REPLICA_NCCL_DRAW or fields[name] in warned:
+            continue
+        warned.add(fields[name])
+        free = next(p for p in range(last + 1, 65536) if p not in used)
+        used.add(free)
+        c.warn("dp-replica-port-draw", fields[name], port,
+               f"{', '.join(replicas)} runs DP replicas, and SGLang 0.5.23 draws each replica's NCCL port at every "
+               f"start from {first}-{last}, any port free at that moment: {_label(name, ports)} is there, and a "
+               "draw made while its owner is down takes it (its owner then fails to start)",
+               f"set {fields[name]}: {free} (the nearest free port above {last})")
 
 
 def _dp_attention(inst: Instance) -> bool:

@@ -174,6 +174,8 @@ RULES: tuple[Rule, ...] = (
     Rule("spanning-without-dp-replicas", "error", "an instance spanning hosts has no `dp_size` replicas (list "
          "each replica as an instance)"),
     Rule("port-collision", "error", "no two listeners of the node share a port (DP-attention ranges included)"),
+    Rule("dp-replica-port-draw", "warning", "on a layout with DP replicas (`dp_size` above 1 without attention DP), "
+         "no listener of the plan lies in 22000-29999, where SGLang draws each replica's NCCL port at every start"),
     Rule("router-port-not-30000", "warning", "the router on 30000, SGLang's default server port, is easy to "
          "collide with"),
     # --- KV transfer
