@@ -6,6 +6,10 @@ repo_root() { cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd; }
 say() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 2; }
 
+# uv installs the toolchain in seconds where pip takes minutes (issue 30); pip stays the
+# fallback where uv cannot be had. The one pin of it.
+UV_VERSION=0.13.9
+
 # Print the path of a Python >= 3.12 (ansible-core 2.21 needs it on the controller).
 # Order: $PDNODE_PYTHON, python3.13/python3.12 on PATH, pyenv's newest 3.12+/3.13,
 # plain python3. Nothing here names a path of one particular machine.
