@@ -2,8 +2,9 @@
 same container, each a real deploy from the controller (playbooks/deploy.yml) with the
 layout in the inventory's host_vars.
 
-Proves (issue 10): `pdnode bench` measures 1P1D and `pdnode plan` predicts 2P1D and 1P2D
-from those measurements; units are added and removed (none orphaned) and only what
+Proves (issue 10): `pdnode bench` measures the deployed 1P1D and `pdnode plan` ranks the
+layouts from those measurements (every predicted layout deployable, the structure right);
+units are added and removed (none orphaned) and only what
 changed restarts; the router registers every prefill; verify proves both prefills; a
 kill -9 of one of two prefills under steady load costs a bounded number of requests
 while the other prefill and the decode keep serving (docs/decisions.md, "Restart
@@ -11,14 +12,13 @@ coupling"); on 2P1D, playbooks/restart.yml drains a prefill through the router u
 steady load without a failed request, and a restart killed at each boundary of the
 drain is put back by the next run (issue 18). Ends on the scenario's own description.
 
-The planner's accuracy (the issue's goal: within 15% of what bench then measures) is a
-benchmark, not an assertion: the error is printed (`pytest -s`) and recorded with its
-spread over runs in docs/measurements.md. A CI machine running three lanes on two cores
-moved it past 15% once (2P1D -15.5%) with nothing wrong in the planner. What is asserted is
-what only a wrong planner gets wrong: each prediction within a factor of 2 of the
-measurement (a wrong formula, rank count or unit is off by more; load has moved the error
-by well under that), and, from the same fit, the structure: a prefill on one GPU instead
-of four predicted far below the deployed layouts (tensor parallelism: about a quarter).
+Each prediction against a measurement of that layout (2P1D, 1P2D and three more, each
+engine counted as an instance) is tests/standin/test_planner_layouts.py's: the same
+stand-in, started with the ServerArgs and environment the plan renders, without the
+deploys (issue 27: CI time; these benches were 2 x 320 requests here). What is asserted
+here is what only the deployed node shows: bench and plan on its inventory, every predicted
+layout deployable, and, from the fit, the structure: a prefill on one GPU instead of four
+predicted far below the deployed layouts (tensor parallelism: about a quarter).
 
 The stand-in runs slower here than in the rest of the scenario (PLANNER_SIM): the
 simulated forward passes, not this machine's CPU, must set the pace for throughput to
@@ -72,9 +72,8 @@ INPUT, OUTPUT, CONCURRENCY = 256, 32, 32
 # step's base cost and its cost per running request can be told apart; ~10 requests per
 # client, so the ramp at the start and the tail at the end weigh little.
 FIT_RUNS = ((8, 80), (32, 320))
-# A prediction within this factor of its measurement, either way (the benchmark's goal
-# is 15%: docs/measurements.md); one prefill GPU below WIDE x the deployed predictions.
-RANGE, WIDE = 2.0, 0.6
+# One prefill GPU predicted below WIDE x the deployed layouts' predictions.
+WIDE = 0.6
 # Requests a kill -9 of one of two prefills may cost under the steady load below: those
 # in flight on it when it dies (at most the load's concurrency) plus those the router
 # sends it before its circuit opens; measured and documented in docs/decisions.md.
@@ -220,10 +219,6 @@ def test_verify_proves_both_prefills(host, layouts):
         assert checks[instance] == "PASS", checks
 
 
-def test_planner_predicts_2p1d(host, layouts, tmp_path):
-    _measure_against_prediction(layouts, tmp_path, "2P1D")
-
-
 def test_kill_9_of_one_prefill_under_load(host, layouts):
     decode = f"{PREFIX}-decode-0.service"
     decode_pid = host.check_output(f"systemctl show -p MainPID --value {decode}")
@@ -361,12 +356,13 @@ def test_an_interrupted_drain_is_put_back_by_the_next_run(host, layouts, tmp_pat
         wait_all_workers_healthy(host, 60)
 
 
-def test_redeploy_1p2d_and_planner_predicts_it(host, layouts, tmp_path):
+def test_redeploy_1p2d_moves_a_prefill_to_a_decode(host, layouts):
     deploy(layouts["1P2D"], "2P1D -> 1P2D")
     assert units_on_disk(host) == {f"{PREFIX}-prefill-0.service", f"{PREFIX}-decode-0.service",
                                    f"{PREFIX}-decode-1.service"}
     assert not host.file("/etc/sglang-pd/prefill-1.json").exists
-    _measure_against_prediction(layouts, tmp_path, "1P2D")
+    for unit in ("prefill-0", "decode-0", "decode-1", "router"):
+        assert host.service(f"{PREFIX}-{unit}.service").is_running, unit
 
 
 def test_back_to_the_scenarios_1p1d_removes_the_second_decode(inventory, host, layouts):
@@ -379,13 +375,3 @@ def test_back_to_the_scenarios_1p1d_removes_the_second_decode(inventory, host, l
     assert host.check_output(f"systemctl show -p BindsTo --value {PREFIX}-decode-0.service") == \
         f"{PREFIX}-prefill-0.service"
 
-
-def _measure_against_prediction(layouts, tmp_path, name):
-    assert name in RESULTS and "predicted" in RESULTS[name], "the 1P1D measurement and plan did not run"
-    report = bench(layouts[name], tmp_path / f"{name}-c{CONCURRENCY}.json", CONCURRENCY, 10 * CONCURRENCY)
-    measured = report["results"]["request_throughput"]
-    predicted = RESULTS[name]["predicted"]
-    error = predicted / measured - 1
-    # the benchmark (docs/measurements.md; goal within 15%): printed, not asserted
-    print(f"planner {name}: predicted {predicted:.2f} req/s, measured {measured:.2f} req/s, error {error:+.1%}")
-    assert 1 / RANGE < predicted / measured < RANGE, (name, predicted, measured)
