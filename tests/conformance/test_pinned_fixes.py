@@ -76,6 +76,13 @@ def test_row_4_a_blacklisted_session_is_probed_and_lifted(pinned):
                                   "SGLANG_FAILED_SESSION_PROBE_INTERVAL_S": 30.0,
                                   "SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S": 300.0,
                                   "SGLANG_FAILED_SESSION_IDLE_TIMEOUT_S": 600.0}
+    # the stand-in's reproduction (tests/standin/test_failed_sessions.py) runs with the pin's defaults
+    from pdnode.standin.config import load_sim_settings
+
+    sim = load_sim_settings({})
+    assert (sim.failed_session_probe, sim.failed_session_probe_interval_s, sim.failed_session_probe_max_interval_s,
+            sim.failed_session_idle_timeout_s) == tuple(pinned["defaults"].values())
+    assert '"sglang:failed_session_recoveries_total"' in Path(pinned["mooncake"]).read_text(encoding="utf-8")
 
 
 DRAW = """

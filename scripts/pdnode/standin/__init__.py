@@ -73,7 +73,9 @@ Also honoured, with SGLang's meaning and defaults: SGLANG_DISAGGREGATION_WAITING
 (300 s), SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (300 s),
 SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (5 s, min 2),
 SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (2), SGLANG_HOST_IP (the address ranks
-advertise when --host is a wildcard).
+advertise when --host is a wildcard), and the failed-session probe (sessions.py):
+SGLANG_ENABLE_FAILED_SESSION_PROBE (true), SGLANG_FAILED_SESSION_PROBE_INTERVAL_S (30),
+SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S (300), SGLANG_FAILED_SESSION_IDLE_TIMEOUT_S (600).
 
 Faults (PDNODE_SIM_FAULTS at start; at run time `POST /sim/faults {"faults": [...]}`
 replaces the set, `GET /sim/faults` shows it; /sim/* answers loopback clients only and
@@ -87,6 +89,9 @@ seconds, the largest decode batch, the last 64 passes). A fault may carry an arg
     bootstrap_down    the prefill's bootstrap server stops listening (connections refused)
     transfer_stall    the prefill never sends the KV cache; decode times out after
                       SGLANG_DISAGGREGATION_WAITING_TIMEOUT and aborts the request
+    transfer_fail     Mooncake's write to the decode returns -1: the request fails, and the
+                      decode's session is blacklisted (every later request for it fails at
+                      once) until the failed-session probe lifts it (field failure 4)
     no_metrics        /metrics answers 404 as if --enable-metrics were off
     rename_metric[:OLD=NEW]  metric OLD is exposed as NEW (default
                       sglang:e2e_request_latency_seconds=sglang:request_e2e_latency_seconds)

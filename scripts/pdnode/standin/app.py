@@ -26,6 +26,7 @@ from .http_api import HttpApi
 from .kv import DecodeKV, PrefillKV
 from .metrics import Metrics, scheduler_labels
 from .rendezvous import Leader, RendezvousError, run_follower
+from .sessions import FailedSessions
 
 log = logging.getLogger("standin")
 
@@ -75,8 +76,13 @@ async def serve(settings: Settings, launch_command: str) -> int:
     pool_bytes = sim.kv_pool_mb * 1024 * 1024
     prefill_kv = decode_kv = None
     if s.mode == "prefill":
+        blacklist = FailedSessions(probe=sim.failed_session_probe, interval_s=sim.failed_session_probe_interval_s,
+                                   max_interval_s=sim.failed_session_probe_max_interval_s,
+                                   idle_timeout_s=sim.failed_session_idle_timeout_s,
+                                   on_recovered=metrics.failed_session_recoveries.inc)
         prefill_kv = PrefillKV(host=s.advertise_host, pool_bytes=pool_bytes, session=session,
-                               bootstrap_timeout_s=sim.bootstrap_timeout_s, shards=s.attn_tp_size)
+                               bootstrap_timeout_s=sim.bootstrap_timeout_s, shards=s.attn_tp_size,
+                               failed_sessions=blacklist)
     elif s.mode == "decode":
         decode_kv = DecodeKV(host=s.advertise_host, pool_bytes=pool_bytes, session=session,
                              bootstrap_timeout_s=sim.bootstrap_timeout_s,

@@ -110,6 +110,11 @@ class SimSettings:
     # The simulated host has no usable RDMA device (PDNODE_SIM_NO_HCA=1): on the RDMA path
     # Mooncake falls back to TCP without an error, as a real host does (field failure 8).
     no_hca: bool = False
+    # SGLang's failed-session probe (pdnode.standin.sessions), its names and defaults
+    failed_session_probe: bool = True
+    failed_session_probe_interval_s: float = 30.0
+    failed_session_probe_max_interval_s: float = 300.0
+    failed_session_idle_timeout_s: float = 600.0
     # MC_FORCE_HCA in the environment (the plan's, on the RDMA path): without a usable
     # device Mooncake then fails to start instead of falling back (field failure 7c).
     force_hca: bool = False
@@ -356,6 +361,18 @@ def _env_float(env: Mapping[str, str], name: str, default: float, minimum: float
     return value
 
 
+def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """SGLang's EnvBool (srt/environ.py): true/1/yes/y or false/0/no/n, any case."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if raw.strip().lower() in ("true", "1", "yes", "y"):
+        return True
+    if raw.strip().lower() in ("false", "0", "no", "n"):
+        return False
+    raise ConfigError(f"environment {name}={raw!r}: must be true or false")
+
+
 def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -396,6 +413,10 @@ def load_sim_settings(env: Mapping[str, str] | None = None) -> SimSettings:
         kv_gb_s=_env_float(env, "PDNODE_SIM_KV_GB_S", 0.0) or None,
         no_hca=env.get("PDNODE_SIM_NO_HCA", "") == "1",
         force_hca="MC_FORCE_HCA" in env,
+        failed_session_probe=_env_bool(env, "SGLANG_ENABLE_FAILED_SESSION_PROBE", True),
+        failed_session_probe_interval_s=_env_float(env, "SGLANG_FAILED_SESSION_PROBE_INTERVAL_S", 30.0, 0.1),
+        failed_session_probe_max_interval_s=_env_float(env, "SGLANG_FAILED_SESSION_PROBE_MAX_INTERVAL_S", 300.0, 0.1),
+        failed_session_idle_timeout_s=_env_float(env, "SGLANG_FAILED_SESSION_IDLE_TIMEOUT_S", 600.0, 0.1),
     )
     if sim.max_total_num_tokens < 1:
         raise ConfigError(

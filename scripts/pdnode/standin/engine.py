@@ -296,7 +296,7 @@ class Engine:
                             raise EngineError(500, f"Prefill transfer aborted for request rank=0 req.rid={req.rid!r} "
                                                    f"req.bootstrap_room={room}: decode aborted the request")
                         try:
-                            await kv.transfer(info, offset, nbytes)
+                            await kv.transfer(info, offset, nbytes, fail=self.faults.active("transfer_fail"))
                             await self._pace_handoff(transfer_entry, transfer_s)
                         except KVError as exc:
                             self.metrics.inc(r, "num_transfer_failed_reqs")

@@ -18,6 +18,8 @@ KNOWN_FAULTS = {
     "wrong_output": "the model answers wrongly",
     "bootstrap_down": "the prefill bootstrap server stops listening",
     "transfer_stall": "the prefill never sends the KV cache",
+    "transfer_fail": "Mooncake's write to the decode fails (-1): the request fails and the decode's session is "
+                     "blacklisted until SGLang's failed-session probe lifts it",
     "no_metrics": "/metrics answers 404",
     "rename_metric": "a metric is exposed under another name (rename_metric:OLD=NEW)",
 }

@@ -35,6 +35,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from .sessions import FailedSessions, dead_session_reason
+
 log = logging.getLogger("standin.kv")
 
 _ALIGN = 64
@@ -201,8 +203,9 @@ class _ControlServer:
 # --- prefill side -----------------------------------------------------------------------
 class PrefillKV:
     def __init__(self, *, host: str, pool_bytes: int, session: aiohttp.ClientSession,
-                 bootstrap_timeout_s: float, shards: int) -> None:
+                 bootstrap_timeout_s: float, shards: int, failed_sessions: FailedSessions) -> None:
         self.host = host
+        self.failed_sessions = failed_sessions
         self.session = session
         self.bootstrap_timeout_s = bootstrap_timeout_s
         self.shards = max(shards, 1)
@@ -226,10 +229,12 @@ class PrefillKV:
         self.engine = await asyncio.to_thread(MooncakeEngine, self.host)
         self.engine.register(self.pool)
         await self.control.start()
+        self.failed_sessions.start()
         log.info("prefill KV: mooncake session %s, pool %d MiB, control endpoint %s:%d",
                  self.engine.session_id, self.pool.size >> 20, self.host, self.control.port)
 
     async def close(self) -> None:
+        await self.failed_sessions.close()
         await self.control.close()
 
     def _room(self, room: int) -> _Room:
@@ -309,8 +314,9 @@ class PrefillKV:
                 f"Request {room} timed out after {time.monotonic() - start:.1f}s in KVPoll.Bootstrapping"
             ) from None
 
-    async def transfer(self, info: TransferInfo, src_offset: int, nbytes: int) -> float:
-        """Write the slot into decode's pool; returns seconds spent in Mooncake."""
+    async def transfer(self, info: TransferInfo, src_offset: int, nbytes: int, fail: bool = False) -> float:
+        """Write the slot into decode's pool; returns seconds spent in Mooncake. ``fail``:
+        Mooncake's write returns -1 (the fault transfer_fail)."""
         assert self.engine is not None
         if info.dst_len != nbytes:
             raise TransferError(
@@ -328,11 +334,16 @@ class PrefillKV:
             dsts.append(dst_base + off)
             lens.append(n)
             off += n
+        if self.failed_sessions.refuses(info.session_id):
+            raise TransferError(dead_session_reason(info.session_id))
         t0 = time.perf_counter()
-        rc = await self.engine.write(info.session_id, srcs, dsts, lens)
+        rc = -1 if fail else await self.engine.write(info.session_id, srcs, dsts, lens)
         dt = time.perf_counter() - t0
         if rc != 0:
-            raise TransferError(f"Mooncake batch_transfer_sync_write to {info.session_id} returned {rc}")
+            # one failure blacklists the session (SGLang: "if the session fails once, mark it as failed")
+            self.failed_sessions.mark_failed(info.session_id)
+            raise TransferError(f"Mooncake batch_transfer_sync_write to {info.session_id} returned {rc}"
+                                + (" (injected fault transfer_fail)" if fail else ""))
         return dt
 
     async def notify(self, info: TransferInfo, ok: bool, reason: str | None = None, sim_s: float | None = None) -> None:

@@ -120,6 +120,10 @@ class Metrics:
         self.counters = {
             name: Counter(f"sglang:{name}_total", doc, sched, registry=reg) for name, doc in SCHEDULER_COUNTERS.items()
         }
+        # a process-wide counter without labels in SGLang too (mooncake/conn.py)
+        self.failed_session_recoveries = Counter("sglang:failed_session_recoveries",
+                                                 "Number of mooncake_session_ids un-blacklisted via probe.",
+                                                 registry=reg)
         # Scheduler gauges and counters exist from the start (value 0), like SGLang's
         # periodic stats; histograms and tokenizer series appear with the first request.
         for labels in self.ranks:
