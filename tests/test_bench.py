@@ -508,7 +508,7 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     venv = Path(plan["install"]["venv"])
     venv.parent.mkdir(parents=True)
     venv.symlink_to(sys.prefix)  # the project's .venv: pdnode, prometheus_client, Ansible
-    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts"), "PYTHONUNBUFFERED": "1", "NO_COLOR": "1",
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PYTHONUNBUFFERED": "1", "NO_COLOR": "1",
            "PDNODE_SIM_KV_POOL_MB": "64", "PDNODE_SIM_KV_BYTES_PER_TOKEN": "4096"}
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
@@ -569,7 +569,7 @@ def test_bench_through_the_real_router_agrees_with_the_engines_counters(
          "--requests", "24", "--concurrency", "4", "--input-len", "200", "--output-len", "12",
          "--range-ratio", "0.5", "--warmup", "2", "--plot", str(tmp_path / "bench.svg")],
         capture_output=True, text=True, timeout=600, cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO / "scripts")))
+        env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
     rep = json.loads(proc.stdout)

@@ -151,7 +151,7 @@ def test_unknown_gpu_is_a_warning_that_says_how_to_add_it():
     found = check_instances([instance(4)], "NVIDIA H100 PCIe", DSV3_BYTES, "x")
     assert found == [Finding(
         "pdnode_gpu_model", "NVIDIA H100 PCIe",
-        "is not in scripts/pdnode/data/gpu-memory.json, so whether the model's weights (671.0 GB) fit each instance "
+        "is not in src/pdnode/data/gpu-memory.json, so whether the model's weights (671.0 GB) fit each instance "
         "was not checked",
         "add it with the memory.total (MiB) that `nvidia-smi --query-gpu=name,memory.total --format=csv` prints "
         "on the host (docs/capacity.md), or correct pdnode_gpu_model", "warning")]

@@ -1,4 +1,4 @@
-"""The incident bundle's collector (scripts/pdnode/node/collect.py) on the controller, no Docker:
+"""The incident bundle's collector (src/pdnode/node/collect.py) on the controller, no Docker:
 redaction, key values stripped, key files never read, bounded commands, the manifest's
 digests, the merge of the hosts' parts, and `pdnode collect`'s exit codes.
 

@@ -90,7 +90,7 @@ def test_the_built_collection_holds_the_roles_plugins_and_playbooks_only(tmp_pat
 def _resource_calls() -> set[tuple[str, ...]]:
     """The parts of every resources.resource("...", ...) call in the package."""
     calls = set()
-    for path in (ROOT / "scripts" / "pdnode").rglob("*.py"):
+    for path in (ROOT / "src" / "pdnode").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "resource"
                     and node.args and all(isinstance(a, ast.Constant) for a in node.args)):

@@ -167,9 +167,9 @@ def test_venv_bin_programs_exist():
 
 
 def test_architecture_lists_every_module():
-    """docs/architecture.md gives every module of scripts/pdnode its job."""
+    """docs/architecture.md gives every module of src/pdnode its job."""
     text = (ROOT / "docs" / "architecture.md").read_text()
-    pkg = ROOT / "scripts" / "pdnode"
+    pkg = ROOT / "src" / "pdnode"
     def named(p: Path, suffix: str = "") -> bool:
         return f"`{p.name}{suffix}`" in text or f"`{rel(p)}{suffix}`" in text
 
@@ -205,4 +205,4 @@ def test_threshold_math_names_the_module_that_computes_it():
     heading = next(l for l in text.splitlines() if l.startswith("### Threshold math"))
     module = re.search(r"`threshold_value` in `(verify/\w+\.py)`", heading)
     assert module, heading
-    assert "def threshold_value(" in (ROOT / "scripts" / "pdnode" / module.group(1)).read_text()
+    assert "def threshold_value(" in (ROOT / "src" / "pdnode" / module.group(1)).read_text()

@@ -9,7 +9,7 @@ inventories/gpu01), every host of each:
 - units: every `*.service`/`*.target`, every argument of `systemctl VERB` and of
   `journalctl -u`, and every word that starts with a plan's unit prefix (`sglang-pd-...`,
   prose included) must be a unit of one of those plans, or one the roles install
-  (named literally in roles/, playbooks/, templates/ or scripts/pdnode/);
+  (named literally in roles/, playbooks/, templates/ or src/pdnode/);
 - ports: every `host:PORT` in code and every `port N` must be a port of those plans, of
   their Prometheus targets, or one the monitoring role binds;
 - paths: every `/etc/...`, `/var/lib/...`, `/opt/...` must be a plan's path (or lie
@@ -46,7 +46,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROO
 REFERENCE = "gpu01"
 RENDERED = ROOT / "docs" / "runbooks" / REFERENCE
 REGENERATE = f".venv/bin/pdnode runbooks inventories/{REFERENCE} --out docs/runbooks"
-CODE_DIRS = ("roles", "playbooks", "templates", "scripts/pdnode", "plugins")
+CODE_DIRS = ("roles", "playbooks", "templates", "src/pdnode", "plugins")
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 SPAN = re.compile(r"`([^`\n]+)`")

@@ -18,14 +18,14 @@ from pdnode.node import launcher
 from pdnode.node.launcher import LaunchError, to_argv
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "scripts"
+SRC = REPO / "src"
 KEY = "sk-pdnode-unit-0123456789abcdef"
 
 
 def run_launcher(*args, env=None, cwd=None, timeout=60):
     e = dict(os.environ)
     e.pop("RUNTIME_DIRECTORY", None)
-    e["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), *(env or {}).pop("_extra_path", [])])
+    e["PYTHONPATH"] = os.pathsep.join([str(SRC), *(env or {}).pop("_extra_path", [])])
     e.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "pdnode.node.launcher", *map(str, args)],
@@ -355,7 +355,7 @@ def test_exec_replaces_the_process_and_keeps_the_key_off_the_command_line(
         {"model_path": "/m", "tp_size": 4, "enable_metrics": True,
          "disaggregation_ib_device": {"0": "mlx5_0"}}
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRIPTS), str(fake)]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(fake)]),
                PDNODE_TEST_OUT=str(out), RUNTIME_DIRECTORY=str(rundir))
     p = subprocess.Popen(
         [sys.executable, "-m", "pdnode.node.launcher", "--api-key-file", str(key_file), str(path)],
@@ -410,5 +410,5 @@ def test_launcher_imports_only_the_standard_library():
         "print(sorted(new - set(sys.stdlib_module_names) - {'pdnode'}))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(SCRIPTS)))
+                       env=dict(os.environ, PYTHONPATH=str(SRC)))
     assert r.stdout.strip() == "[]", r.stderr

@@ -1,4 +1,4 @@
-"""The layers of scripts/pdnode (docs/architecture.md): the import contracts of
+"""The layers of src/pdnode (docs/architecture.md): the import contracts of
 pyproject.toml hold (`lint-imports`), and pdnode.node imports nothing but the standard
 library and itself (its programs run with any host's Python)."""
 
@@ -55,6 +55,7 @@ def test_the_contracts_catch_an_import_against_the_layers_and_a_circle(tmp_path)
     for sub in ("", "commands", "verify", "standin", "core", "node"):
         (pkg / sub).mkdir(parents=True, exist_ok=True)
         (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text("")  # the top layer: `python -m pdnode`
     (pkg / "core" / "a.py").write_text("from . import b\n")
     (pkg / "core" / "b.py").write_text("from . import a\n")
     (pkg / "node" / "launcher.py").write_text("from ..core import a\n")

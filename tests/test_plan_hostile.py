@@ -450,7 +450,7 @@ def test_the_router_verdict_is_cached_by_what_was_asked(gpu01_vars, tmp_path, mo
 
 
 def test_router_argument_table_is_the_installed_router():
-    """scripts/pdnode/data/routerargs-0.3.2.json is sglang-router's own parser (in .venv)."""
+    """src/pdnode/data/routerargs-0.3.2.json is sglang-router's own parser (in .venv)."""
     from importlib.metadata import version
 
     # not a skip: sglang-router is pinned in .venv, which scripts/setup makes
@@ -460,9 +460,9 @@ def test_router_argument_table_is_the_installed_router():
         raise AssertionError(f"{exc}: sglang-router is missing; run scripts/setup (it installs .venv)") from None
 
     assert version("sglang-router") == "0.3.2"
-    committed = json.loads((ROOT / "scripts/pdnode/data/routerargs-0.3.2.json").read_text())
+    committed = json.loads((ROOT / "src/pdnode/data/routerargs-0.3.2.json").read_text())
     assert committed["args"] == json.loads(argtable.dump(argtable.router_table(), ""))["args"], (
-        "regenerate: .venv/bin/python -m pdnode.core.argtable router > scripts/pdnode/data/routerargs-0.3.2.json")
+        "regenerate: .venv/bin/python -m pdnode.core.argtable router > src/pdnode/data/routerargs-0.3.2.json")
 
 
 def test_every_owned_router_argument_exists_in_the_table():

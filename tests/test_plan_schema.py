@@ -111,7 +111,7 @@ def _read_plan_on_host(tmp_path: Path, doc: dict, program: str) -> subprocess.Co
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(doc))
     return subprocess.run([sys.executable, "-m", program, "--plan", str(plan)], check=False, capture_output=True,
-                          text=True, timeout=60, env={"PYTHONPATH": str(INVENTORIES.parent / "scripts"), "PATH": "/usr/bin:/bin"})
+                          text=True, timeout=60, env={"PYTHONPATH": str(INVENTORIES.parent / "src"), "PATH": "/usr/bin:/bin"})
 
 
 @pytest.mark.parametrize("program", ["pdnode.verify", "pdnode.node.bench_counters"])

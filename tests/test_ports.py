@@ -19,7 +19,7 @@ from pdnode.core import preflight as pf
 from pdnode.core.plan import PlanError, build_plan
 from pdnode.core.ports import DP_ATTENTION_OFFSETS
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SRC = Path(__file__).resolve().parents[1] / "src"
 OWN = ["sglang-pd-prefill-0.service", "sglang-pd-decode-0.service", "sglang-pd-router.service"]
 
 
@@ -44,7 +44,7 @@ def test_cli_one_line_per_taken_port_and_exit_1():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        env = dict(os.environ, PYTHONPATH=str(SCRIPTS))
+        env = dict(os.environ, PYTHONPATH=str(SRC))
         r = subprocess.run([sys.executable, "-m", "pdnode.core.preflight", "ports", *(f"--own-unit={u}" for u in OWN),
                             f"router.port={port}", "prefill-0.port=1"],
                            capture_output=True, text=True, env=env, check=False)
@@ -145,7 +145,7 @@ def test_allocation_is_deterministic(host16):
     code = ("import json, sys; from pdnode.core.plan import build_plan; "
             "print(json.dumps(build_plan(json.loads(sys.stdin.read())).ports))")
     r = subprocess.run([sys.executable, "-c", code], input=json.dumps(v), capture_output=True, text=True,
-                       cwd=SCRIPTS.parent, timeout=60, env=dict(os.environ, PYTHONHASHSEED="12345"), check=False)
+                       cwd=SRC.parent, timeout=60, env=dict(os.environ, PYTHONHASHSEED="12345"), check=False)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == first
 

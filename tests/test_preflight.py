@@ -121,25 +121,25 @@ def test_gpu_memory_below_the_table_is_an_error(h200_raw):
     problems = pf.judge(hf.collect(_with_memory(h200_raw, 139000)), one_gpu_expect())
     assert lines(problems) == [
         "ERROR gpu.memory_total=139000: GPUs [0] report 139000 MiB, -3.3% from the 143771 MiB that "
-        "scripts/pdnode/data/gpu-memory.json gives 'NVIDIA H200' and that pdnode check's capacity check used. "
+        "src/pdnode/data/gpu-memory.json gives 'NVIDIA H200' and that pdnode check's capacity check used. "
         "Fix: check for ECC, MIG or a vGPU slice on the host; if 139000 MiB is the model's full memory, correct its "
-        "memory_total_mib in scripts/pdnode/data/gpu-memory.json and run pdnode check."]
+        "memory_total_mib in src/pdnode/data/gpu-memory.json and run pdnode check."]
 
 
 def test_gpu_memory_above_the_table_is_a_warning(h200_raw):
     problems = pf.judge(hf.collect(_with_memory(h200_raw, 150000)), one_gpu_expect())
     assert checks(problems) == [("warning", "gpu.memory_total")]
-    assert problems[0].line.endswith("Fix: correct memory_total_mib in scripts/pdnode/data/gpu-memory.json to 150000.")
+    assert problems[0].line.endswith("Fix: correct memory_total_mib in src/pdnode/data/gpu-memory.json to 150000.")
 
 
 def test_gpu_model_missing_from_the_table_is_a_warning_with_the_hosts_value(h200_raw):
     raw = _with_memory(h200_raw, 95830, name="NVIDIA H100 NVL")
     problems = pf.judge(hf.collect(raw), one_gpu_expect(gpu_model="NVIDIA H100 NVL"))
     assert lines(problems) == [
-        "WARNING gpu.memory_table='NVIDIA H100 NVL': pdnode_gpu_model is not in scripts/pdnode/data/gpu-memory.json, "
+        "WARNING gpu.memory_table='NVIDIA H100 NVL': pdnode_gpu_model is not in src/pdnode/data/gpu-memory.json, "
         "so pdnode check could not judge whether the model's weights fit the GPUs. Fix: add \"NVIDIA H100 NVL\": "
         "{\"memory_total_mib\": 95830, \"_source\": \"<where the number comes from>\"} to "
-        "scripts/pdnode/data/gpu-memory.json (docs/capacity.md)."]
+        "src/pdnode/data/gpu-memory.json (docs/capacity.md)."]
 
 
 def test_gpu_memory_is_not_judged_on_gpus_of_another_model(h200_raw):

@@ -22,7 +22,7 @@ import pytest
 
 from pdnode.node import ready
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _free_port() -> int:
@@ -38,7 +38,7 @@ DEADLINE_S = 120
 
 
 def run_gate(*args, mainpid=None, timeout=DEADLINE_S):
-    env = dict(os.environ, PYTHONPATH=str(SCRIPTS))
+    env = dict(os.environ, PYTHONPATH=str(SRC))
     env.pop("MAINPID", None)
     if mainpid is not None:
         env["MAINPID"] = str(mainpid)

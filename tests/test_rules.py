@@ -274,7 +274,7 @@ def test_every_call_site_passes_a_registered_id():
     seen: set[str] = set()
     count = 0
     for module in MODULES:
-        path = ROOT / "scripts" / "pdnode" / "core" / module
+        path = ROOT / "src" / "pdnode" / "core" / module
         for call in _calls(ast.parse(path.read_text(), str(path))):
             count += 1
             first = call.args[0] if call.args else None
@@ -286,9 +286,9 @@ def test_every_call_site_passes_a_registered_id():
             seen.add(first.value)
     assert count > 60  # the walk found the call sites at all
     # the capacity findings' ids are made by Finding.rule_id, not at a call site
-    capacity_source = (ROOT / "scripts" / "pdnode" / "core" / "capacity.py").read_text()
+    capacity_source = (ROOT / "src" / "pdnode" / "core" / "capacity.py").read_text()
     found = {r for r in BY_ID if f'"{r}"' in capacity_source}
-    cli_source = (ROOT / "scripts" / "pdnode" / "commands" / "cli.py").read_text()
+    cli_source = (ROOT / "src" / "pdnode" / "commands" / "cli.py").read_text()
     judged = {r for r in SGLANG_JUDGE_RULES if f'"{r}"' in cli_source}
     assert judged == SGLANG_JUDGE_RULES, "an SGLang verdict rule no longer passed by pdnode check"
     assert sorted(set(BY_ID) - seen - found - judged) == [], "registered but never passed by any call site"

@@ -43,8 +43,8 @@ def probe_copy(tmp_path: Path) -> Path:
     side by side, run as a file (no pdnode package)."""
     d = tmp_path / "upgrade"
     d.mkdir()
-    shutil.copy(REPO / "scripts/pdnode/node/upgrade_probe.py", d / "probe.py")
-    shutil.copy(REPO / "scripts/pdnode/node/loadgen.py", d / "loadgen.py")
+    shutil.copy(REPO / "src/pdnode/node/upgrade_probe.py", d / "probe.py")
+    shutil.copy(REPO / "src/pdnode/node/loadgen.py", d / "loadgen.py")
     return d / "probe.py"
 
 

@@ -1,6 +1,6 @@
 """Ansible filters over pdnode.core.hostfacts / pdnode.core.preflight / pdnode.core.mooncake_select.
 
-Thin by design: every parser and every rule lives in scripts/pdnode/; these wrappers
+Thin by design: every parser and every rule lives in src/pdnode/; these wrappers
 only convert exceptions into AnsibleFilterError.
 """
 
@@ -14,7 +14,7 @@ from ansible.errors import AnsibleFilterError
 try:
     from pdnode.core import hostfacts, mooncake_select, preflight
 except ImportError:  # not installed (e.g. ansible-core carried as wheels): use the checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from pdnode.core import hostfacts, mooncake_select, preflight
 
 

@@ -11,7 +11,7 @@ from ansible.errors import AnsibleFilterError
 try:
     from pdnode.core import monitoring
 except ImportError:  # running from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from pdnode.core import monitoring
 
 

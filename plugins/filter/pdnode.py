@@ -1,4 +1,4 @@
-"""Ansible filters over the pdnode plan core. No rule lives here: see scripts/pdnode/core/plan.py."""
+"""Ansible filters over the pdnode plan core. No rule lives here: see src/pdnode/core/plan.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ try:
     from pdnode.core.cluster import layout_view
     from pdnode.core.plan import PlanError, build_plan
 except ImportError:  # running from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from pdnode.node import unitcheck
     from pdnode.core import values
     from pdnode.core.cluster import layout_view

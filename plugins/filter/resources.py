@@ -9,7 +9,7 @@ from pathlib import Path
 try:
     from pdnode.core import resources
 except ImportError:  # running from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from pdnode.core import resources
 
 

@@ -11,7 +11,7 @@ from ansible.plugins.lookup import LookupBase
 try:
     from pdnode.commands import bundle
 except ImportError:  # running from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from pdnode.commands import bundle
 
 DOCUMENTATION = r"""
@@ -20,7 +20,7 @@ short_description: Pack the pdnode package Ansible imports into a reproducible t
 description:
   - Writes the tarball pdnode.commands.bundle packs (same sources, same bytes) to the path given,
     only when its content differs, and returns the tarball's SHA-256 (hex).
-  - The package packed is the one Ansible imports (a checkout's scripts/pdnode or the installed
+  - The package packed is the one Ansible imports (a checkout's src/pdnode or the installed
     wheel), as C(python -m pdnode.commands.bundle) run by Ansible's interpreter packs it.
   - It runs in the controller's process; the sglang role calls it once per run (a run_once
     set_fact), so a no-change deploy starts no process on the controller for it.

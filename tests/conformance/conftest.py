@@ -31,7 +31,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 VALIDATOR = REPO / "scripts" / "sglang-validator"
-FIXTURES = REPO / "scripts" / "pdnode" / "data" / "models"  # check uses them too
+FIXTURES = REPO / "src" / "pdnode" / "data" / "models"  # check uses them too
 DEEPSEEK_V3_TINY = str(FIXTURES / "deepseek-v3-tiny")
 QWEN2_TINY = str(FIXTURES / "qwen2-tiny")
 
@@ -73,7 +73,7 @@ def _run_check(python: Path, cases: dict[str, dict], extra: list[str] | None = N
             path = Path(tmp) / f"{name}.json"
             path.write_text(json.dumps(serverargs, indent=2))
             paths.append(str(path))
-        env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"))
+        env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
         r = subprocess.run(
             [str(python), "-m", "pdnode.node.launcher", "--check", *(extra or []), *paths],
             capture_output=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parents[2] / "scripts" / "pdnode" / "data" / "models"  # check uses them too
+FIXTURES = Path(__file__).resolve().parents[2] / "src" / "pdnode" / "data" / "models"  # check uses them too
 DEEPSEEK_V3_TINY = str(FIXTURES / "deepseek-v3-tiny")
 QWEN2_TINY = str(FIXTURES / "qwen2-tiny")
 

@@ -201,7 +201,7 @@ def test_sglang_replaces_a_wrong_ep_size_under_deepep(sglang_env, tmp_path):
     path.write_text(json.dumps(with_(DECODE_DP4_EP4, ep_size=2, moe_a2a_backend="deepep")))
     r = subprocess.run([str(sglang_env), "-m", "pdnode.node.launcher", "--check", "--verbose", str(path)],
                        capture_output=True, text=True, timeout=900, check=False,
-                       env=dict(os.environ, PYTHONPATH=str(REPO / "scripts")))
+                       env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
     out = r.stdout + r.stderr
     assert "OK: decode-deepep-ep2.json accepted by SGLang 0.5.23" in out, out[-3000:]
     assert "The expert parallel size is adjusted from 2 to the tensor parallel size [4]" in out, out[-3000:]

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_in_env(python, code: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "scripts"), HF_HUB_OFFLINE="1")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1")
     r = subprocess.run(
         [str(python), "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -135,11 +135,11 @@ print(json.dumps(sorted(new - std)))
 
 
 def test_plan_core_field_list_matches_installed_sglang(sglang_env):
-    """scripts/pdnode/data/serverargs-0.5.23.txt (the plan core's list of ServerArgs
+    """src/pdnode/data/serverargs-0.5.23.txt (the plan core's list of ServerArgs
     fields, used to vet pdnode_*_extra_args) is exactly SGLang's."""
     listed = {
         line.strip()
-        for line in (REPO / "scripts/pdnode/data/serverargs-0.5.23.txt").read_text().splitlines()
+        for line in (REPO / "src/pdnode/data/serverargs-0.5.23.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     }
     got = run_in_env(

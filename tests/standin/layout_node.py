@@ -72,7 +72,7 @@ def layout_node(directory: Path, variables: Mapping[str, Any], env: Mapping[str,
     ports = free_ports(2 * len(services) + 2)
     router_port, metrics_port = ports.pop(), ports.pop()
     base_env = dict(os.environ)
-    base_env["PYTHONPATH"] = os.pathsep.join([str(REPO / "scripts")] + (
+    base_env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src")] + (
         [base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else []))
     base_env["PYTHONUNBUFFERED"] = "1"
     procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -321,7 +321,7 @@ def standin_node(
 
         base_env = dict(os.environ)
         base_env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO / "scripts")] + ([base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else []))
+            [str(REPO / "src")] + ([base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else []))
         base_env["PYTHONUNBUFFERED"] = "1"
         base_env.update(FAST_ENV)
         base_env.update(env or {})

@@ -35,7 +35,7 @@ class Proc:
         path = tmp / f"{name}.json"
         path.write_text(json.dumps(args))
         self.log_path = tmp / f"{name}.log"
-        env = {**os.environ, **FAST_ENV, "PYTHONPATH": str(REPO / "scripts")}
+        env = {**os.environ, **FAST_ENV, "PYTHONPATH": str(REPO / "src")}
         with self.log_path.open("wb") as log:
             self.p = subprocess.Popen([sys.executable, "-m", "pdnode.standin", str(path)], env=env,
                                       stdout=log, stderr=subprocess.STDOUT)

@@ -363,7 +363,7 @@ def test_health_is_503_while_loading(tmp_path):
         (port,) = free_ports(1)
         args = tmp_path / f"unified-{port}.json"
         args.write_text(json.dumps({"host": "127.0.0.1", "port": port, "model_path": "m", "enable_metrics": True}))
-        env = {**os.environ, **FAST_ENV, "PDNODE_SIM_STARTUP_S": str(startup_s), "PYTHONPATH": str(REPO / "scripts")}
+        env = {**os.environ, **FAST_ENV, "PDNODE_SIM_STARTUP_S": str(startup_s), "PYTHONPATH": str(REPO / "src")}
         return subprocess.Popen([sys.executable, "-m", "pdnode.standin", str(args)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT), port
 
@@ -424,7 +424,7 @@ def test_standin_exits_2_on_a_bad_file(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"model_path": "m", "no_such_field": 1}))
     proc = subprocess.run([sys.executable, "-m", "pdnode.standin", str(bad)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO / "scripts")}, timeout=60)
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")}, timeout=60)
     assert proc.returncode == 2 and "no_such_field" in proc.stderr
 
 

@@ -256,7 +256,7 @@ def test_upgrade_switches_one_host_at_a_time_verifying_the_layout_from_each(tmp_
     # 4 loops through the router, one completion every 100 ms each, every second streaming;
     # the probe with the load generator it imports beside it, as the upgrade lays them.
     for name, src in (("probe.py", "upgrade_probe.py"), ("loadgen.py", "loadgen.py")):
-        data = base64.b64encode((REPO / "scripts" / "pdnode" / "node" / src).read_bytes()).decode()
+        data = base64.b64encode((REPO / "src" / "pdnode" / "node" / src).read_bytes()).decode()
         on("pd-router").check_output(f"mkdir -p {LOAD} && echo {data} | base64 -d > {LOAD}/{name}")
     on("pd-router").check_output(f"rm -f {LOAD}/result.json; "
                                  f"nohup python3 {LOAD}/probe.py --url http://127.0.0.1:8000 --model demo-moe "

@@ -1,8 +1,8 @@
 """The one load generator on the scenario's host, for the changes under load: the upgrade's
-probe (scripts/pdnode/node/upgrade_probe.py with loadgen.py beside it, as
+probe (src/pdnode/node/upgrade_probe.py with loadgen.py beside it, as
 playbooks/upgrade.yml lays them) run by the host's python3 in the background through the
 router, with the node's API key file; stopped by SIGTERM or its --max-seconds; its result
-is loadgen's counts (what fails, by kind: scripts/pdnode/node/loadgen.py)."""
+is loadgen's counts (what fails, by kind: src/pdnode/node/loadgen.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pdnode.node import loadgen
 
-NODE = Path(__file__).resolve().parents[3] / "scripts" / "pdnode" / "node"
+NODE = Path(__file__).resolve().parents[3] / "src" / "pdnode" / "node"
 FILES = {"probe.py": NODE / "upgrade_probe.py", "loadgen.py": NODE / "loadgen.py"}
 # A zero-drop change under load: no request may stall this long, nor the load go this long
 # without a success (a request takes well under a second on the stand-in).

@@ -61,7 +61,7 @@ def _clean_env() -> dict:
 def tree(tmp_path_factory):
     """A copy of the repository the deploy runs from, with an inventory for the instance."""
     root = tmp_path_factory.mktemp("repo")
-    for name in ("roles", "playbooks", "plugins", "scripts", "inventories"):
+    for name in ("roles", "playbooks", "plugins", "scripts", "src", "inventories"):
         shutil.copytree(REPO / name, root / name, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     shutil.copy(REPO / "ansible.cfg", root / "ansible.cfg")
@@ -84,7 +84,7 @@ def deploy(tree: Path, extra: dict | None = None, kill_before: str | None = None
     env["ANSIBLE_CONFIG"] = str(tree / "ansible.cfg")
     # The pdnode package Ansible imports, and so packs into the bundle, is the copy's (a
     # new pdnode release installed beside Ansible); the collection is the checkout's.
-    env["PYTHONPATH"] = str(tree / "scripts")
+    env["PYTHONPATH"] = str(tree / "src")
     if kill_before is not None:
         env.update(ANSIBLE_CALLBACK_PLUGINS=str(CALLBACKS), ANSIBLE_CALLBACKS_ENABLED="pdnode_kill_after",
                    PDNODE_KILL_BEFORE=kill_before, PDNODE_KILL_LOG=str(log or os.devnull))
@@ -103,7 +103,7 @@ def recap(proc) -> dict:
 
 def set_bundle_variant(tree: Path, n: int):
     """A different pdnode bundle (one extra module), as a new pdnode release would be."""
-    (tree / "scripts/pdnode/_deploy_safety_variant.py").write_text(f"VARIANT = {n}\n")
+    (tree / "src/pdnode/_deploy_safety_variant.py").write_text(f"VARIANT = {n}\n")
 
 
 def set_key(tree: Path, value: str):
@@ -211,7 +211,7 @@ def test_interrupted_deploys_converge_to_the_files_on_disk(tree, host, tmp_path)
                 assert recap(deploy(tree, extra))["changed"] == 0
     finally:
         # Back to the scenario's own description and bundle, as converge left the node.
-        (tree / "scripts/pdnode/_deploy_safety_variant.py").unlink(missing_ok=True)
+        (tree / "src/pdnode/_deploy_safety_variant.py").unlink(missing_ok=True)
         set_key(tree, old_key)
         restored = deploy(tree)
     assert restored.returncode == 0, restored.stdout[-4000:]

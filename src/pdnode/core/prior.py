@@ -30,7 +30,7 @@ from typing import Any
 BACKEND = "sglang"
 MODE = "disagg"
 INSTALL_HINT = "pip install 'pdnode[prior]' (or: .venv/bin/pip install aiconfigurator==0.12.0 aiconfigurator-core==0.12.0)"
-# pdnode_gpu_model (as nvidia-smi prints it, scripts/pdnode/data/gpu-memory.json) -> the
+# pdnode_gpu_model (as nvidia-smi prints it, src/pdnode/data/gpu-memory.json) -> the
 # system aiconfigurator's database is collected on. Only GPUs that are the same part: an
 # H200 NVL or an H100 PCIe has other clocks and links than the SXM boards measured.
 GPU_SYSTEMS = {

@@ -334,7 +334,7 @@ def check_instances(instances: list[dict[str, Any]], gpu_model: str | None, weig
         return []
     mib = gpu_memory_mib(gpu_model)
     if mib is None:
-        return [Finding("pdnode_gpu_model", gpu_model, "is not in scripts/pdnode/data/gpu-memory.json, so whether "
+        return [Finding("pdnode_gpu_model", gpu_model, "is not in src/pdnode/data/gpu-memory.json, so whether "
                         f"the model's weights ({_gb(weight_bytes)}) fit each instance was not checked",
                         "add it with the memory.total (MiB) that `nvidia-smi --query-gpu=name,memory.total "
                         "--format=csv` prints on the host (docs/capacity.md), or correct pdnode_gpu_model",

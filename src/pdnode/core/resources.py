@@ -23,7 +23,7 @@ from importlib.resources import files
 from pathlib import Path
 
 # The package's own directory (this is pdnode/core/resources.py), and the checkout's root
-# when it is run from one (scripts/pdnode -> the repository).
+# when it is run from one (src/pdnode -> the repository).
 _PACKAGE = Path(__file__).resolve().parents[1]
 _CHECKOUT = _PACKAGE.parents[1]
 
@@ -32,7 +32,7 @@ COLLECTION = "pdnode.sglang_pd"  # galaxy.yml's namespace.name
 
 
 def from_checkout() -> bool:
-    """Is this pdnode a checkout's scripts/pdnode (not an installed wheel)?"""
+    """Is this pdnode a checkout's src/pdnode (not an installed wheel)?"""
     return (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "playbooks").is_dir()
 
 
@@ -73,7 +73,7 @@ def controller_root(playbook_dir: str) -> Path:
     the checkout's root for the checkout's playbooks; for the installed collection's (it
     holds MANIFEST.json, not galaxy.yml) and for anyone's own, the current directory."""
     root = Path(playbook_dir).resolve().parent
-    if (root / "galaxy.yml").is_file() and (root / "scripts" / "pdnode").is_dir():
+    if (root / "galaxy.yml").is_file() and (root / "src" / "pdnode").is_dir():
         return root
     return Path(os.getcwd())
 

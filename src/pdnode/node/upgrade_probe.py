@@ -39,7 +39,7 @@ else:  # run as a file: loadgen.py lies beside it (its folder is sys.path[0]), c
     try:
         loadgen = importlib.import_module("loadgen")
     except ImportError as exc:
-        sys.exit(f"{exc}; fix: copy scripts/pdnode/node/loadgen.py beside {sys.argv[0]}")
+        sys.exit(f"{exc}; fix: copy src/pdnode/node/loadgen.py beside {sys.argv[0]}")
 
 SCHEMA = "pdnode.upgrade-probe/1"
 

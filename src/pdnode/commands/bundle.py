@@ -2,7 +2,7 @@
 
     python -m pdnode.commands.bundle OUT.tar.gz
 
-The package packed is this one, as imported: a checkout's scripts/pdnode, or the
+The package packed is this one, as imported: a checkout's src/pdnode, or the
 installed wheel's (less the package data only the controller reads).
 
 Same sources -> same bytes (sorted names, zero mtimes and owners, gzip without a

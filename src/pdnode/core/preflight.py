@@ -192,7 +192,7 @@ def _gpus(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> int | None:
         # hostfacts read no row under an unexpected header: its values would sit under other fields' names.
         j.error("gpu.query_header", facts["gpu_query_header_error"],
                 "nvidia-smi printed other columns than the preflight asked for, so no GPU row was read",
-                "update QUERY_GPU_FIELDS in scripts/pdnode/core/hostfacts.py and the query_gpu probe in "
+                "update QUERY_GPU_FIELDS in src/pdnode/core/hostfacts.py and the query_gpu probe in "
                 "roles/preflight/vars/main.yml together for this driver")
     for line in facts.get("gpu_errors") or []:
         j.error("gpu.nvidia_smi", line, "nvidia-smi cannot query a GPU",

@@ -45,7 +45,7 @@ from .secrets import SecretError, read_secret_file
 SGLANG_VERSION = releases.SGLANG
 
 # --- How SGLang 0.5.23's argparse spells values (from arg_groups/arg_utils.py and the
-# fields in arg_groups/fields/*.py). scripts/pdnode's conformance tests compare these
+# fields in arg_groups/fields/*.py). src/pdnode's conformance tests compare these
 # tables with the installed parser; `--check` refuses to judge a file whose keys they
 # would convert wrongly.
 

@@ -60,7 +60,7 @@ from typing import Any
 
 # SGLang 0.5.23's scheduler gauges of requests an engine holds (sglang/srt/observability/
 # metrics_collector.py): running, waiting, and the PD queues of a hand-off in progress.
-# The stand-in exports the same names (scripts/pdnode/standin/metrics.py).
+# The stand-in exports the same names (src/pdnode/standin/metrics.py).
 BUSY_GAUGES = (
     "sglang:num_running_reqs",
     "sglang:num_queue_reqs",

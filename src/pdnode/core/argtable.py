@@ -8,12 +8,12 @@ The tables are generated from the real parsers and committed as small JSON files
 ``pdnode check`` judges values on a controller that has neither package installed:
 
     # SGLang (in the validator environment, scripts/sglang-validator):
-    PYTHONPATH=scripts "$(scripts/sglang-validator)" -m pdnode.core.argtable sglang \
-        > scripts/pdnode/data/serverargs-0.5.23.json
+    PYTHONPATH=src "$(scripts/sglang-validator)" -m pdnode.core.argtable sglang \
+        > src/pdnode/data/serverargs-0.5.23.json
     # sglang-router (installed in .venv):
-    .venv/bin/python -m pdnode.core.argtable router > scripts/pdnode/data/routerargs-0.3.2.json
+    .venv/bin/python -m pdnode.core.argtable router > src/pdnode/data/routerargs-0.3.2.json
     # smg, the router's successor (a Python with smg installed):
-    PYTHONPATH=scripts python -m pdnode.core.argtable smg > scripts/pdnode/data/routerargs-smg-1.13.0.json
+    PYTHONPATH=src python -m pdnode.core.argtable smg > src/pdnode/data/routerargs-smg-1.13.0.json
 
 tests/conformance/test_argtables.py and tests/test_plan_hostile.py check both are current.
 """
