@@ -353,3 +353,23 @@ def test_calibration_to_runs_twice_as_slow_to_first_token(moe_inv, tmp_path, cap
     text = capsys.readouterr().out
     assert text.count("prior vs ") == 2 and "calibrated: latencies x 2.000 (prefill) and x 1.000 (decode)" in text
     assert "(+0.0%), " in text  # the TPOT the runs measured is the prior's own
+
+
+def test_the_calibrated_picture_shows_the_measured_runs_beside_the_prior(moe_inv, tmp_path, capsys):
+    runs = []
+    for batch in (8, 32):
+        path = tmp_path / f"c{batch}.json"
+        path.write_text(json.dumps(bench_doc(batch, 2.0)))
+        runs += ["--measurements", str(path)]
+    picture = tmp_path / "plan.svg"
+    assert main(["plan", str(moe_inv), *runs, "--prior", "--isl", str(ISL), "--osl", str(OSL), *FAST, "--top", "3",
+                 "--plot", str(picture)]) == 0
+    capsys.readouterr()
+    svg = picture.read_text()
+    # both runs listed by file with what they measured, and the legend's marker for them
+    assert "m1  c8.json  measured" in svg and "m2  c32.json  measured" in svg and "measured (bench)" in svg
+    # without measurements (the prior alone) there is nothing measured to draw
+    alone = tmp_path / "alone.svg"
+    assert main(["plan", str(moe_inv), "--isl", str(ISL), "--osl", str(OSL), *FAST, "--top", "3",
+                 "--plot", str(alone)]) == 0
+    assert "measured (bench)" not in alone.read_text()

@@ -612,7 +612,9 @@ def write_prior_plot(res: Mapping[str, Any], args: argparse.Namespace) -> None:
 
     title = (f"pdnode plan {res['host']}: layouts ranked for input {res['isl']}, output {res['osl']} tokens "
              f"({res['mode']})\n{_prior_header(res)}")
-    plot.save(plot.plan_figure(prior_plot_points(res, args), title, args.ttft_max), args.plot)
+    measured = [{"label": Path(c["source"]).name, "request_s": c["measured"]["request_throughput"],
+                 "ttft_s": c["measured"]["ttft_s"]} for c in res["checks"]]
+    plot.save(plot.plan_figure(prior_plot_points(res, args), title, args.ttft_max, measured), args.plot)
 
 
 def _write_group_vars(args: argparse.Namespace, entries: Mapping[str, list[dict[str, Any]]],

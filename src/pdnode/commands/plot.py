@@ -69,10 +69,13 @@ def path_name(path: str | None) -> str:
 
 
 # --- the plan ---------------------------------------------------------------------------------
-def plan_figure(points: Sequence[Mapping[str, Any]], title: str, ttft_max_s: float | None = None) -> Any:
+def plan_figure(points: Sequence[Mapping[str, Any]], title: str, ttft_max_s: float | None = None,
+                measured: Sequence[Mapping[str, Any]] = ()) -> Any:
     """Layouts ranked: request throughput against mean TTFT, each point numbered by its
     rank and listed beside the chart with its layout, KV path and numbers; the chosen
-    one a star. A point: {rank, label, path, request_s, ttft_s, best, misses, colocated}."""
+    one a star. A point: {rank, label, path, request_s, ttft_s, best, misses, colocated}.
+    ``measured``: bench runs of the deployed layout ({label, request_s, ttft_s}), drawn as
+    black diamonds beside the predictions (the prior's calibrated mode)."""
     plt = pyplot()
     from matplotlib.lines import Line2D
 
@@ -111,6 +114,13 @@ def plan_figure(points: Sequence[Mapping[str, Any]], title: str, ttft_max_s: flo
     for i, ((x, y), tags) in enumerate(sorted(at.items())):  # neighbours' tags alternate above and below
         ax.annotate(", ".join(tags), (x, y), textcoords="offset points", xytext=(7, 5 if i % 2 == 0 else -14),
                     fontsize=9)
+    for i, run in enumerate(measured):
+        ax.scatter([run["ttft_s"] * 1000], [run["request_s"]], s=70, marker="D", color="black", zorder=5)
+        ax.annotate(f"m{i + 1}", (run["ttft_s"] * 1000, run["request_s"]), textcoords="offset points",
+                    xytext=(7, -14), fontsize=9)
+        legend["measured"] = Line2D([], [], marker="D", color="black", linestyle="none", label="measured (bench)")
+        lines.append((f" m{i + 1}  {run['label']}  measured {run['request_s']:.2f} req/s, "
+                      f"TTFT {run['ttft_s'] * 1000:,.1f} ms", False))
     if ttft_max_s is not None:
         ax.axvline(ttft_max_s * 1000, color="tab:red", alpha=0.5, linestyle="--")
         legend["limit"] = Line2D([], [], color="tab:red", alpha=0.5, linestyle="--", label="--ttft-max")
