@@ -281,17 +281,22 @@ def _print_table(res: Mapping[str, Any], args: argparse.Namespace) -> None:
     for cand, pred in sorted(colocated_best, key=lambda cp: -cp[1].request_s):
         rows.append(("-", cand.label(), f"{pred.request_s:.2f}", f"{pred.output_tok_s:,.0f}",
                      _secs(pred.ttft_s), _secs(pred.itl_s), "colocated (not deployable by this bundle)"))
+    _print_ranking(rows, rejected, "the plan", res["best"][0].label() if res["best"] else None)
+
+
+def _print_ranking(rows: Sequence[Sequence[str]], rejected: Counter[str], by: str, best: str | None) -> None:
+    """The ranked table (its last column unpadded), the rejections' commonest reasons, the choice."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for i, row in enumerate(rows):
         print("  ".join(c.ljust(wd) for c, wd in zip(row[:-1], widths)) + "  " + row[-1])
         if i == 0:
             print("  ".join("-" * wd for wd in widths) + "  ---")
     if rejected:
-        print(f"rejected by the plan: {sum(rejected.values())} layout(s)")
+        print(f"rejected by {by}: {sum(rejected.values())} layout(s)")
         for reason, n in rejected.most_common(5):
             print(f"  {n} x {reason}")
-    if res["best"]:
-        print(f"best deployable: {res['best'][0].label()}")
+    if best:
+        print(f"best deployable: {best}")
 
 
 def plot_points(res: Mapping[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -586,17 +591,7 @@ def _print_prior(res: Mapping[str, Any], args: argparse.Namespace) -> None:
             e = c.estimate
             rows.append((str(len(rows)), row.cand.label(), str(c.prefill_batch), str(c.decode_batch), _secs(c.ttft_s),
                          _secs(e.tpot_s), f"{e.request_s:.2f}", f"{e.tok_s_per_gpu:,.0f}", row.why(args)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for i, line in enumerate(rows):
-        print("  ".join(cell.ljust(wd) for cell, wd in zip(line[:-1], widths)) + "  " + line[-1])
-        if i == 0:
-            print("  ".join("-" * wd for wd in widths) + "  ---")
-    if rejected:
-        print(f"rejected by the plan or the prior: {sum(rejected.values())} layout(s)")
-        for reason, n in rejected.most_common(5):
-            print(f"  {n} x {reason}")
-    if res["best"]:
-        print(f"best deployable: {res['best'].cand.label()}")
+    _print_ranking(rows, rejected, "the plan or the prior", res["best"].cand.label() if res["best"] else None)
 
 
 def prior_plot_points(res: Mapping[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
