@@ -228,7 +228,7 @@ MOONCAKE_ONLY = ("MC_FORCE_TCP", "MC_INTRANODE_NVLINK", "MC_FORCE_MNNVL", "MC_FO
                  "MOONCAKE_PROTOCOL", "SGLANG_MOONCAKE_SEND_AUX_TCP", "ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE")
 NIXL_ONLY = ("SGLANG_DISAGGREGATION_NIXL_BACKEND", "SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS")
 # SGLang's EnvBool (srt/environ.py): anything else raises when the variable is read.
-_TRUE, _FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
+ENV_TRUE, ENV_FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
 # Every variable judged here (tests/test_kv_environment.py holds a refused or warned case and
 # an accepted one for each).
 JUDGED_ENVIRONMENT = frozenset((*NVLINK_ENVIRONMENT, *RDMA_ENVIRONMENT, ADDRESS_VARIABLE, "HOST_IP",
@@ -344,10 +344,10 @@ def _judge_mooncake(name: str, value: str, path: str, multi_host: bool, ib_map: 
                 f"not the transport (the MC_* switches and the NICs found do): {on} whatever it says",
                 "remove it; the path is pdnode_transfer_backend's and pdnode_kv_intranode_nvlink's")
     if name in ("SGLANG_MOONCAKE_SEND_AUX_TCP", "ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE"):
-        if value.lower() not in _TRUE + _FALSE:
+        if value.lower() not in ENV_TRUE + ENV_FALSE:
             return ("contradicts", "is not a true/false SGLang reads (true, 1, yes, y / false, 0, no, n): it raises "
                     "where it reads it, and the hand-off fails", "write true or false, or remove it")
-        if value.lower() in _FALSE:
+        if value.lower() in ENV_FALSE:
             return None
         if name == "ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE":
             return ("contradicts", f"makes SGLang start Mooncake with the ascend protocol for Ascend NPUs; {on}",

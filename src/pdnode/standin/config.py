@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from .faults import FaultError, parse_faults
 from .rendezvous import DEFAULT_TIMEOUT_S, parse_dist_init_addr
-from ..core.kv_path import (MOONCAKE_FORCED_TCP, MOONCAKE_INTRANODE_NVLINK, MOONCAKE_NO_HCA_TCP, MOONCAKE_NO_RNIC,
+from ..core.kv_path import (ENV_FALSE, ENV_TRUE, MOONCAKE_FORCED_TCP, MOONCAKE_INTRANODE_NVLINK, MOONCAKE_NO_HCA_TCP, MOONCAKE_NO_RNIC,
                              MOONCAKE_RDMA, MOONCAKE_RDMA_INSTALL_FAILED, SPEEDS)
 from ..core.plan import known_server_args
 from ..node.secrets import SecretError, read_secret_file
@@ -366,9 +366,9 @@ def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    if raw.strip().lower() in ("true", "1", "yes", "y"):
+    if raw.strip().lower() in ENV_TRUE:
         return True
-    if raw.strip().lower() in ("false", "0", "no", "n"):
+    if raw.strip().lower() in ENV_FALSE:
         return False
     raise ConfigError(f"environment {name}={raw!r}: must be true or false")
 
