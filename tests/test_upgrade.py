@@ -331,6 +331,6 @@ def test_report_rollback_failed(steps, verify):
 def test_cli_one_line_errors():
     proc = subprocess.run([sys.executable, "-m", "pdnode.core.upgrade", "decide"], input=json.dumps(
         {"record": None, "unit_venv": "", "target": NEW}), capture_output=True, text=True,
-        env={"PYTHONPATH": str(REPO / "scripts")}, timeout=30)
+        env={"PYTHONPATH": str(REPO / "src")}, timeout=30)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("pdnode.upgrade decide: no release serves")

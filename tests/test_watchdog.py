@@ -18,7 +18,7 @@ import pytest
 
 from pdnode.node import watchdog
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SRC = Path(__file__).resolve().parents[1] / "src"
 WATCHDOG_USEC = "1200000"  # 1.2 s: a ping every 0.3 s
 
 
@@ -155,7 +155,7 @@ class Sidecar:
 def start_sidecar(pid, url, address, sock=None) -> Sidecar:
     """Start the sidecar; with sock, return once its first ping arrived (Python start-up
     time is not part of what is measured)."""
-    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), NOTIFY_SOCKET=address, WATCHDOG_USEC=WATCHDOG_USEC)
+    env = dict(os.environ, PYTHONPATH=str(SRC), NOTIFY_SOCKET=address, WATCHDOG_USEC=WATCHDOG_USEC)
     side = Sidecar(subprocess.Popen([sys.executable, "-m", "pdnode.node.watchdog", "--pid", str(pid), "--url", url,
                                      "--probe-timeout", "0.3"], env=env, stderr=subprocess.PIPE, text=True))
     if sock is not None:
@@ -256,7 +256,7 @@ def test_launcher_starts_the_sidecar_outside_the_engines_children(notify_socket,
         print(pid, flush=True)
         os.execve(sys.executable, [sys.executable, "-c", {engine_code!r}], env)
     """)
-    env = dict(os.environ, PYTHONPATH=str(SCRIPTS), NOTIFY_SOCKET=address, WATCHDOG_USEC=WATCHDOG_USEC)
+    env = dict(os.environ, PYTHONPATH=str(SRC), NOTIFY_SOCKET=address, WATCHDOG_USEC=WATCHDOG_USEC)
     eng = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
     try:
         sidecar = int(eng.stdout.readline())

@@ -114,7 +114,7 @@ def standin_cluster(directory: str | os.PathLike[str], *, prefills: Sequence[Seq
         (root / "api_key").chmod(0o600)
         key_args = ["--api-key-file", str(root / "api_key")]
     base_env = dict(os.environ)
-    base_env["PYTHONPATH"] = os.pathsep.join([str(REPO / "scripts")] + (
+    base_env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src")] + (
         [base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else []))
     base_env.update({"PYTHONUNBUFFERED": "1", **FAST_ENV, **(env or {})})
     procs: dict[str, subprocess.Popen[bytes]] = {}

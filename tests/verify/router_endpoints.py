@@ -15,7 +15,7 @@ import sys
 import tempfile
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests/standin"))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "src"))
 from node import request, standin_node  # noqa: E402 - after the path set-up
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="router-endpoints-")

@@ -28,7 +28,7 @@ def router_process(argv: Sequence[str], d: Path, ready_url: str, env: Mapping[st
     READY(response)), yield the process, and stop it."""
     from node import request
 
-    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts"), **(env or {})}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
     with open(d / "router.log", "wb") as log:
         proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "standin"), str(HERE.parent), str(HERE.parents[1] / "scripts")]
+sys.path[:0] = [str(HERE), str(HERE.parent / "standin"), str(HERE.parent), str(HERE.parents[1] / "src")]
 
 import test_router_smg_failover as failover  # noqa: E402
 from node import request  # noqa: E402

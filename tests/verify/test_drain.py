@@ -91,7 +91,7 @@ def drain(n: dict[str, Any], command: str, ids: list[str], timeout_s: float = 12
     r = subprocess.run([sys.executable, "-m", "pdnode.node.drain", command, *args],
                        input="" if spec_file else json.dumps(spec), text=True,
                        capture_output=True, timeout=600, check=False,
-                       env={**os.environ, "PYTHONPATH": str(REPO / "scripts")})
+                       env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     return json.loads(lines[-1]), lines[:-1]

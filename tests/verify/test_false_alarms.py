@@ -136,7 +136,7 @@ def _inventory(tmp_path: Path, **host: str) -> Path:
 
 def _targets(argv: list[str]) -> dict:
     proc = subprocess.run([sys.executable, *argv], check=False, capture_output=True, text=True, timeout=60, cwd=REPO,
-                          env={"PYTHONPATH": str(REPO / "scripts"), "PATH": "/usr/bin:/bin"})
+                          env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
     return json.loads(proc.stdout)["targets"]
 
 

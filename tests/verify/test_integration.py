@@ -157,7 +157,7 @@ def test_both_entry_points_agree(node, plan, key_file, admin_key_file, tmp_path)
     (inv / "hosts.yml").write_text(yaml.safe_dump(
         {"all": {"hosts": {"standin": {"ansible_connection": "local", "ansible_host": "127.0.0.1"}}}}))
     (inv / "group_vars" / "all" / "main.yml").write_text(yaml.safe_dump(plan["settings"]))
-    env = {**os.environ, "PYTHONPATH": str(REPO / "scripts")}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     common = ["--json", "--skip-burst", "--api-key-file", key_file, "--admin-key-file", admin_key_file]
     t0 = time.monotonic()
     a = subprocess.run([sys.executable, "-m", "pdnode.verify", "--plan", str(plan_file), *common],

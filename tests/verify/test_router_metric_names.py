@@ -34,8 +34,8 @@ CLIENT = "sk-client-metric-names"
 ADMIN = "adm-metric-names"
 # Where the readers live: the router's metric names they read all start with smg_ (both
 # packages export smg_*: sglang-router 0.3.2 already used its successor's names).
-READERS = [REPO / "templates" / "grafana", REPO / "templates" / "runbooks", REPO / "scripts" / "pdnode" / "verify",
-           *sorted((REPO / "scripts" / "pdnode").rglob("bench*.py"))]
+READERS = [REPO / "templates" / "grafana", REPO / "templates" / "runbooks", REPO / "src" / "pdnode" / "verify",
+           *sorted((REPO / "src" / "pdnode").rglob("bench*.py"))]
 NAME = re.compile(r"\bsmg_[a-z0-9_]*(?:\([a-z0-9_|]+\))?[a-z0-9_]*")
 
 
@@ -54,6 +54,7 @@ def referenced(plan: dict[str, Any]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     sources = {"alert rules": monitoring.render_alert_rules(plan)}
     for place in READERS:
+        assert place.exists(), f"{place} is gone: point READERS at where the readers live now"
         for f in sorted(place.rglob("*") if place.is_dir() else [place]):
             if f.is_file() and f.suffix in (".py", ".json", ".j2", ".yml"):
                 sources[str(f.relative_to(REPO))] = f.read_text()

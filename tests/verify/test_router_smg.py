@@ -168,7 +168,7 @@ def test_the_verifier_passes_against_smg(node, tmp_path):
 def test_smg_argument_table_is_current():
     _require_smg()
     r = subprocess.run([SMG_PYTHON, "-m", "pdnode.core.argtable", "smg"], capture_output=True, text=True, check=False,
-                       env={**os.environ, "PYTHONPATH": str(REPO / "scripts")}, timeout=120)
+                       env={**os.environ, "PYTHONPATH": str(REPO / "src")}, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     committed = json.loads((REPO / "src/pdnode/data/routerargs-smg-1.13.0.json").read_text())
     assert json.loads(r.stdout) == committed, (
