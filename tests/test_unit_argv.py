@@ -266,19 +266,22 @@ for unit in json.load(sys.stdin):
 """
 
 
+# Cases per play. Ansible's cost per loop item grows with the size of the play's variables,
+# so one play over all the plans costs the square of their number: 47 cases took 74 s in
+# CPU in one play, about 20 s in plays of this size (4 or 2 per play: no faster).
+CASES_PER_PLAY = 8
+
+
 def _render(cases: list[Case], firewall: list[str], dcgm: list[str], tmp: Path) -> dict[str, dict[str, str]]:
     """One ansible-playbook run on localhost: files.yml.j2 of each plan (the files the
     pd_services role writes), the firewall unit of each prefix, the DCGM drop-in of each
     listen address, through ansible.builtin.template with the roles' defaults and vars."""
     out = tmp / "rendered"
     out.mkdir()
-    (tmp / "cases.json").write_text(json.dumps({
-        "pdnode_cases": [{"name": c.name, "plan": c.plan, "timeout": c.timeout} for c in cases],
-        "pdnode_firewall_prefixes": firewall, "pdnode_dcgm_addresses": dcgm, "pdnode_out": str(out)}))
     roles = ROOT / "roles"
     var_files = [roles / "pd_services/defaults/main.yml", roles / "pd_services/vars/main.yml",
                  roles / "firewall/vars/main.yml", roles / "monitoring/defaults/main.yml",
-                 roles / "monitoring/vars/main.yml", tmp / "cases.json"]
+                 roles / "monitoring/vars/main.yml"]
     templates = {"files": roles / "pd_services/templates/files.yml.j2",
                  "firewall": roles / "firewall/templates/firewall.service.j2",
                  "dcgm": roles / "monitoring/templates/dcgm-exporter.conf.j2"}
@@ -293,20 +296,32 @@ def _render(cases: list[Case], firewall: list[str], dcgm: list[str], tmp: Path) 
                                                                 if what != "files" else "{{ pdnode_item.name }}"},
                 "vars": more, "register": f"pdnode_{what}"}
 
-    play = [{
-        "name": "Render the units as the roles do", "hosts": "localhost", "connection": "local", "gather_facts": False,
-        "vars_files": [str(p) for p in var_files],
+    def write(results: str, dest: Path) -> dict:
+        return {"name": "Write what was rendered", "ansible.builtin.copy": {
+            "content": "{{ " + results + " | to_json }}", "dest": str(dest), "mode": "0600"}}
+
+    files_task = collect("files", "pdnode_cases", {"pd_services_plan": "{{ pdnode_item.plan }}",
+                                                   "pd_services_ready_timeout_s": "{{ pdnode_item.timeout }}"})
+    chunks = [cases[i:i + CASES_PER_PLAY] for i in range(0, len(cases), CASES_PER_PLAY)]
+    play = []
+    for k, chunk in enumerate(chunks):
+        (tmp / f"cases-{k}.json").write_text(json.dumps(
+            {"pdnode_cases": [{"name": c.name, "plan": c.plan, "timeout": c.timeout} for c in chunk]}))
+        play.append({"name": f"Render the units of cases {k * CASES_PER_PLAY}+ as the role does", "hosts": "localhost",
+                     "connection": "local", "gather_facts": False,
+                     "vars_files": [str(p) for p in var_files] + [str(tmp / f"cases-{k}.json")],
+                     "tasks": [files_task, write("pdnode_files.results | map(attribute='msg') | list",
+                                                 out / f"files-{k}.json")]})
+    (tmp / "others.json").write_text(json.dumps({"pdnode_firewall_prefixes": firewall, "pdnode_dcgm_addresses": dcgm}))
+    play.append({
+        "name": "Render the firewall and DCGM units as the roles do", "hosts": "localhost", "connection": "local",
+        "gather_facts": False, "vars_files": [str(p) for p in var_files] + [str(tmp / "others.json")],
         "tasks": [
-            collect("files", "pdnode_cases", {"pd_services_plan": "{{ pdnode_item.plan }}",
-                                              "pd_services_ready_timeout_s": "{{ pdnode_item.timeout }}"}),
             collect("firewall", "pdnode_firewall_prefixes", {"firewall_prefix": "{{ pdnode_item }}"}),
             collect("dcgm", "pdnode_dcgm_addresses", {"monitoring_dcgm_exporter_listen_address": "{{ pdnode_item }}"}),
-            {"name": "Write what was rendered", "ansible.builtin.copy": {
-                "content": "{{ {'files': pdnode_files.results | map(attribute='msg') | list, "
-                           "'firewall': pdnode_firewall.results | map(attribute='msg') | list, "
-                           "'dcgm': pdnode_dcgm.results | map(attribute='msg') | list} | to_json }}",
-                "dest": "{{ pdnode_out }}/rendered.json", "mode": "0600"}},
-        ]}]
+            write("{'firewall': pdnode_firewall.results | map(attribute='msg') | list, "
+                  "'dcgm': pdnode_dcgm.results | map(attribute='msg') | list}", out / "others.json"),
+        ]})
     (tmp / "render.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     ansible = Path(sys.executable).parent / "ansible-playbook"
     env = {**os.environ, "ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins/filter"), "ANSIBLE_LOCALHOST_WARNING": "0",
@@ -315,11 +330,12 @@ def _render(cases: list[Case], firewall: list[str], dcgm: list[str], tmp: Path) 
     r = _run([str(ansible), "-i", "localhost,", "-e", f"ansible_python_interpreter={sys.executable}",
               str(tmp / "render.yml")], timeout=900, env=env, cwd=tmp)
     assert r.returncode == 0, f"rendering failed:\n{r.stdout[-4000:]}\n{r.stderr[-2000:]}"
-    rendered = json.loads((out / "rendered.json").read_text())
-    assert [len(rendered[k]) for k in ("files", "firewall", "dcgm")] == [len(cases), len(firewall), len(dcgm)]
-    return {"files": dict(zip([c.name for c in cases], rendered["files"])),
-            "firewall": dict(zip(firewall, rendered["firewall"])), "dcgm": dict(zip(map(str, range(len(dcgm))),
-                                                                                    rendered["dcgm"]))}
+    files = [text for k in range(len(chunks)) for text in json.loads((out / f"files-{k}.json").read_text())]
+    others = json.loads((out / "others.json").read_text())
+    assert [len(files), len(others["firewall"]), len(others["dcgm"])] == [len(cases), len(firewall), len(dcgm)]
+    return {"files": dict(zip([c.name for c in cases], files)),
+            "firewall": dict(zip(firewall, others["firewall"])),
+            "dcgm": dict(zip(map(str, range(len(dcgm))), others["dcgm"]))}
 
 
 @dataclass

@@ -252,16 +252,17 @@ def test_upgrade_switches_one_host_at_a_time_verifying_the_layout_from_each(tmp_
     inv = _inventory_with(tmp_path, pdnode_mooncake_cuda13_version=new_pin)
     router_unit = RUNS["pd-router"][0]
     router_since = on("pd-router").check_output(f"systemctl show -p MainPID -p ActiveEnterTimestamp {router_unit}")
-    # The drain measurements' load beside the upgrade's own prober (docs/measurements.md):
-    # 4 loops through the router, one completion every 100 ms each, every second streaming;
+    # Steady load beside the upgrade's own prober: 3 loops through the router, one
+    # completion every 0.5 s each, every second streaming (as the day-2 scenario's; 4 loops
+    # every 0.1 s cost ~200 CPU-s of the three containers' for a number not asserted);
     # the probe with the load generator it imports beside it, as the upgrade lays them.
     for name, src in (("probe.py", "upgrade_probe.py"), ("loadgen.py", "loadgen.py")):
         data = base64.b64encode((REPO / "src" / "pdnode" / "node" / src).read_bytes()).decode()
         on("pd-router").check_output(f"mkdir -p {LOAD} && echo {data} | base64 -d > {LOAD}/{name}")
     on("pd-router").check_output(f"rm -f {LOAD}/result.json; "
                                  f"nohup python3 {LOAD}/probe.py --url http://127.0.0.1:8000 --model demo-moe "
-                                 f"--key-file /etc/sglang-pd/api-key --out {LOAD}/result.json --clients 4 --stream "
-                                 f"--timeout 60 > /dev/null 2>&1 & echo $! > {LOAD}/pid")
+                                 f"--key-file /etc/sglang-pd/api-key --out {LOAD}/result.json --clients 3 --stream "
+                                 f"--interval 0.5 --timeout 60 > /dev/null 2>&1 & echo $! > {LOAD}/pid")
     t0 = time.monotonic()
     try:
         proc = subprocess.run(["ansible-playbook", "-i", str(inv), str(REPO / "playbooks" / "upgrade.yml")],
@@ -294,7 +295,7 @@ def test_upgrade_switches_one_host_at_a_time_verifying_the_layout_from_each(tmp_
         time.sleep(0.5)
     load = json.loads(on("pd-router").check_output(f"cat {LOAD}/result.json"))
     # 1P1D: the prefill's and the decode's switches are outages; a benchmark, not asserted
-    print("load during the upgrade (4 clients, half streaming): " + json.dumps(
+    print("load during the upgrade (3 clients every 0.5 s, half streaming): " + json.dumps(
         {k: load[k] for k in ("requests", "ok", "failed", "failures", "codes", "duration_s", "longest_gap_s",
                               "outages")}))
     assert load["requests"] > 0
