@@ -267,7 +267,7 @@ for unit in json.load(sys.stdin):
 
 
 # Cases per play. Ansible's cost per loop item grows with the size of the play's variables,
-# so one play over all the plans costs the square of their number: 47 cases took 74 s in
+# so one play over all the plans costs the square of their number: 47 cases took 74 s of
 # CPU in one play, about 20 s in plays of this size (4 or 2 per play: no faster).
 CASES_PER_PLAY = 8
 
