@@ -107,8 +107,10 @@ def listed(n: dict[str, Any]) -> set[str]:
 
 
 def load(base: str) -> loadgen.Load:
-    """4 clients through the router, back to back, every second one streaming."""
-    return loadgen.Load(base, "fake-model", CLIENT, clients=4, stream=True, max_tokens=8, prompt="drain me " * 8)
+    """4 clients through the router, each starting a request every 0.1 s (back to back
+    they kept two cores busy for a count of 20), every second one streaming."""
+    return loadgen.Load(base, "fake-model", CLIENT, clients=4, stream=True, max_tokens=8, prompt="drain me " * 8,
+                        interval=0.1)
 
 
 def wait_requests(running: loadgen.Load, more: int) -> None:
