@@ -19,6 +19,10 @@ from pdnode.core.inventory import load_inventory
 ROOT = Path(__file__).resolve().parents[1]
 INVENTORIES = ROOT / "inventories"
 _ENTRY = re.compile(r"^(prefill|decode)\[(\d+)\]$")
+# gpu01's decode (changed(v, {"decode[0]": DECODE_REPLICAS})) as two plain DP replicas of
+# TP 2: DP replicas and DP attention exclude each other, and a prefill of replicas is
+# refused (disagg-prefill-dp-replicas), so the tests of replicas put them on the decode.
+DECODE_REPLICAS = {"tp_size": 2, "dp_size": 2, "attn_dp_size": None, "ep_size": None, "enable_dp_lm_head": None}
 
 
 def variables(inventory: str) -> dict[str, Any]:

@@ -41,9 +41,26 @@ CASES = [
         id='dp_with_attn_dp',
     ),
     pytest.param(
-        {'prefill[0]': {'tp_size': 2, 'dp_size': 2, 'nccl_port': 31000}},
-        ["pdnode_prefill_instances[0].nccl_port=31000: cannot be pinned with dp_size=2: every DP replica would bind this one port (SGLang's data-parallel controller). Fix: remove nccl_port from this instance; SGLang picks a free port per replica."],
+        {'decode[0]': {'tp_size': 2, 'dp_size': 2, 'attn_dp_size': None, 'ep_size': None, 'enable_dp_lm_head': None,
+                       'nccl_port': 31000}},
+        ["pdnode_decode_instances[0].nccl_port=31000: cannot be pinned with dp_size=2: every DP replica would bind this one port (SGLang's data-parallel controller). Fix: remove nccl_port from this instance; SGLang picks a free port per replica."],
         id='dp_nccl_pinned',
+    ),
+    pytest.param(
+        {'prefill[0]': {'extra_args': {'context_length': 9217}}},
+        ["pdnode_decode_instances[0].extra_args.context_length=None: differs from prefill-0 (9217): a request longer "
+         "than one side's limit is admitted by the other, and its decode then waits for KV the prefill refused to "
+         "make (InferenceX#2257). Fix: set the same context_length in the extra_args of every prefill and decode, "
+         "or on none."],
+        id='context_length_prefill_only',
+    ),
+    pytest.param(
+        {'prefill[0]': {'tp_size': 2, 'dp_size': 2}},
+        ["pdnode_prefill_instances[0].dp_size=2: makes prefill-0 2 plain DP replicas, and SGLang 0.5.23 fails every "
+         "hand-off of replicas 1..1 ('follow_bootstrap_room conflict': its KV sender compares the request's room "
+         "with the attention-DP rank, 0 in every replica; sglang#29725). Fix: list each replica as a prefill "
+         "instance of its own in pdnode_prefill_instances."],
+        id='prefill_dp_replicas',
     ),
     pytest.param(
         {'decode[0]': {'attn_dp_size': 0}},

@@ -23,17 +23,28 @@ def _problems(v):
 
 @pytest.mark.parametrize("tp", [4, None], ids=["tp-given", "tp-from-gpus"])
 def test_dp_replicas_are_accepted_and_rendered(host16, tp):
-    """dp_size without DP attention: two TP-4 copies of the model in one instance (SGLang's
-    data-parallel controller, replica r on GPUs base + r * tp_size * step)."""
-    v = layout(host16, [{"gpus": list(range(8)), "dp_size": 2, **({"tp_size": tp} if tp else {})}],
-               [{"gpus": [8, 9, 10, 11], "attn_dp_size": 4}])
+    """dp_size without DP attention: two TP-4 copies of the model in one decode instance
+    (SGLang's data-parallel controller, replica r on GPUs base + r * tp_size * step)."""
+    v = layout(host16, [{"gpus": [8, 9, 10, 11]}],
+               [{"gpus": list(range(8)), "dp_size": 2, **({"tp_size": tp} if tp else {})}])
     plan = build_plan(v)
-    args = plan.services["prefill-0"]["args"]
+    args = plan.services["decode-0"]["args"]
     assert (args["tp_size"], args["dp_size"], args["base_gpu_id"], args["gpu_id_step"]) == (4, 2, 0, 1)
     assert "attn_dp_size" not in args and "nccl_port" not in args  # each replica picks its own
     # ...from 22000-29999, where the router's metrics port (29000) lies: the one warning
     assert [(w.rule_id, w.field) for w in plan.warnings] == [("dp-replica-port-draw", "pdnode_router_metrics_port")]
     assert build_plan({**v, "pdnode_router_metrics_port": 30900}).warnings == []
+
+
+def test_a_prefill_of_dp_replicas_is_one_line_naming_sglangs_failure(host16):
+    """Field failure 14 (sglang#29725): the pin fails every hand-off of a prefill's replicas
+    but the first."""
+    v = layout(host16, [{"gpus": list(range(8)), "dp_size": 4}], [{"gpus": [8, 9, 10, 11], "attn_dp_size": 4}])
+    assert _problems(v) == [
+        "pdnode_prefill_instances[0].dp_size=4: makes prefill-0 4 plain DP replicas, and SGLang 0.5.23 fails every "
+        "hand-off of replicas 1..3 ('follow_bootstrap_room conflict': its KV sender compares the request's room "
+        "with the attention-DP rank, 0 in every replica; sglang#29725). Fix: list each replica as a prefill instance "
+        "of its own in pdnode_prefill_instances."]
 
 
 def test_dp_replicas_with_dp_attention_are_one_line_with_sglangs_reason(gpu01_vars):

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from planvars import changed, layout, variables
+from planvars import DECODE_REPLICAS, changed, layout, variables
 
 from pdnode.core import hostfacts as hf
 from pdnode.core import preflight as pf
@@ -198,7 +198,7 @@ LAYOUTS = {
     "4P4D-one-gpu-each": lambda v: _xpyd(v, 4, 4, gpus_each=1),
     "prefill-dp-attention": lambda v: changed(v, {"prefill[0]": {"attn_dp_size": 4}}),
     "2P2D-all-dp-attention": lambda v: _xpyd(v, 2, 2, 2, 2),
-    "dp-replicas": lambda v: changed(v, {"prefill[0]": {"tp_size": 2, "dp_size": 2}}),
+    "dp-replicas": lambda v: changed(v, {"decode[0]": DECODE_REPLICAS}),
 }
 
 
@@ -225,9 +225,9 @@ def test_every_small_layout_is_collision_free(host16):
 
 
 def test_dp_replicas_leave_the_nccl_port_to_sglang(gpu01_vars):
-    plan = build_plan(changed(gpu01_vars, {"prefill[0]": {"tp_size": 2, "dp_size": 2}}))
-    assert "prefill-0.nccl_port" not in plan.ports
-    assert "nccl_port" not in plan.services["prefill-0"]["args"]
+    plan = build_plan(changed(gpu01_vars, {"decode[0]": DECODE_REPLICAS}))
+    assert "decode-0.nccl_port" not in plan.ports
+    assert "nccl_port" not in plan.services["decode-0"]["args"]
 
 
 def _problems(v):
@@ -257,10 +257,10 @@ def test_two_instances_on_one_port_is_one_line(gpu01_vars):
 def test_a_listener_where_dp_replicas_draw_their_nccl_port_is_a_warning_with_a_free_port(gpu01_vars):
     """Field failure 12 (sglang#39611): SGLang 0.5.23 draws a DP replica's NCCL port from
     22000-29999 at every start; the router's metrics port (29000 in gpu01) lies there."""
-    v = changed(gpu01_vars, {"prefill[0]": {"tp_size": 2, "dp_size": 2}})
+    v = changed(gpu01_vars, {"decode[0]": DECODE_REPLICAS})
     plan = build_plan(v)
     [warning] = [w for w in plan.warnings if w.rule_id == "dp-replica-port-draw"]
-    assert str(warning).startswith("pdnode_router_metrics_port=29000: prefill-0 runs DP replicas"), str(warning)
+    assert str(warning).startswith("pdnode_router_metrics_port=29000: decode-0 runs DP replicas"), str(warning)
     assert "22000-29999" in str(warning) and "the router's metrics_port" in str(warning)
     suggested = int(str(warning).split("Fix: set pdnode_router_metrics_port: ")[1].split(" ")[0])
     assert suggested not in plan.ports.values() and suggested > 29999

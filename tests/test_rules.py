@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import test_plan
 import test_plan_hostile
-from planvars import ROOT, changed
+from planvars import DECODE_REPLICAS, ROOT, changed
 
 from pdnode.commands import cli
 from pdnode.core.deferred import Deferred
@@ -84,7 +84,7 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "dp-replicas-without-attn-dp": ({"decode[0]": {"dp_size": 2}}, set()),
     "dp-divides-gpus": ({"prefill[0]": {"tp_size": None, "dp_size": 3}}, set()),
     "tp-divisible-by-attn-dp": ({"decode[0]": {"attn_dp_size": 3}}, set()),
-    "nccl-port-not-pinned-with-dp": ({"prefill[0]": {"tp_size": 2, "dp_size": 2, "nccl_port": 31000}}, set()),
+    "nccl-port-not-pinned-with-dp": ({"decode[0]": {**DECODE_REPLICAS, "nccl_port": 31000}}, set()),
     "gpus-not-empty": ({"decode[0]": {"gpus": []}}, set()),
     "gpus-exist": ({"pdnode_gpu_count": 6}, set()),
     "gpus-unique": ({"decode[0]": {"gpus": [4, 4, 5, 6]}}, set()),
@@ -119,12 +119,14 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     # gpu01's model is not MLA: prefill attention TP 3 against the decode's 2 (4 / attn_dp_size 2)
     "disagg-attn-tp-divides": ({"prefill[0]": {"gpus": [0, 1, 2], "tp_size": 3}, "decode[0]": {"attn_dp_size": 2}},
                                set()),
+    "disagg-prefill-dp-replicas": ({"prefill[0]": {"tp_size": 2, "dp_size": 2}}, set()),
+    "disagg-context-length-same": ({"prefill[0]": {"extra_args": {"context_length": 9217}}}, set()),
     "disagg-hicache-hisparse": ({"prefill[0]": {"extra_args": {"enable_hierarchical_cache": True}},
                                  "decode[0]": {"extra_args": {"enable_hisparse": True}}}, set()),
     "port-range": ({"prefill[0]": {"port": 80}}, set()),
     "port-collision": ({"prefill[0]": {"port": 8000}}, set()),
     # DP replicas draw their NCCL ports from 22000-29999, where gpu01's router metrics port is
-    "dp-replica-port-draw": ({"prefill[0]": {"tp_size": 2, "dp_size": 2}}, set()),
+    "dp-replica-port-draw": ({"decode[0]": DECODE_REPLICAS}, set()),
     "router-port-not-30000": ({"pdnode_router_port": 30000}, set()),
     "transfer-backend-supported": ({"pdnode_transfer_backend": "fake"}, set()),
     "ib-devices-need-rdma-backend": ({"pdnode_transfer_backend": "mooncake_tcp"}, set()),
@@ -177,7 +179,7 @@ PAIR_RULE_CASES: dict[str, tuple[dict, dict, set[str]]] = {
     "multi-host-api-key": ({"pdnode_api_key_file": None}, {"pdnode_api_key_file": None}, set()),
     "spanning-without-dp-replicas": ({"prefill[0]": {"hosts": ["gpu01", "gpu02"], "tp_size": 4, "dp_size": 2}},
                                      {"prefill[0]": {"hosts": ["gpu01", "gpu02"], "tp_size": 4, "dp_size": 2}},
-                                     {"gpus-not-shared"}),
+                                     {"gpus-not-shared", "disagg-prefill-dp-replicas"}),
 }
 
 

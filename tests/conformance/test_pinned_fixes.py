@@ -9,6 +9,12 @@ new pin that drops the fix fails here, naming the row, before a node meets the f
 - Row 12 (sglang#39611): DP replicas draw their NCCL ports from the range the plan keeps
   its listeners out of (pdnode.core.ports.REPLICA_NCCL_DRAW), and still cannot share a
   pinned one.
+
+And what it still gets wrong, behind a refusal of the plan:
+
+- Row 14 (sglang#29725): a prefill of plain DP replicas is accepted by SGLang's validation,
+  dispatches by bootstrap room, and each replica's KV sender compares the room with an
+  attention-DP rank that is 0 in every replica (disagg-prefill-dp-replicas).
 """
 
 from __future__ import annotations
@@ -55,6 +61,61 @@ def calls_in(path: str, name: str) -> dict[str, int]:
 def defined_in(path: str) -> set[str]:
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+# A prefill of two TP-2 replicas, resolved by SGLang as `sglang serve` would: which replica
+# a request goes to, and which rank each replica's KV sender believes it is.
+REPLICAS = """
+import json, sys
+from pdnode.node.launcher import to_argv
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.arg_groups.model_override_base import resolving_view
+from sglang.srt.runtime_context import attn_tp_size_of, derive_attention_ranks, num_dp_ranks_of
+args = prepare_server_args(to_argv(json.loads(sys.argv[1])) + ["--device", "cuda"])
+args.resolve_once()
+args.check_server_args()
+cfg = resolving_view(args)  # what resolution decided (the raw fields keep the inputs: "auto")
+attn_tp = attn_tp_size_of(cfg)
+print(json.dumps({"load_balance_method": cfg.load_balance_method, "num_dp_ranks": num_dp_ranks_of(cfg),
+                  "attn_dp_ranks": sorted({derive_attention_ranks(tp_rank=r, attn_tp_size=attn_tp, attn_cp_size=1)[1]
+                                           for r in range(cfg.tp_size)})}))
+"""
+
+
+def _sender_compares_attn_dp_rank_with_the_room(path: str) -> bool:
+    """CommonKVSender.__init__ compares `<...>.attn_dp_rank` with `<room> % <...>.num_dp_ranks`."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "CommonKVSender"):
+        for init in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"):
+            for cmp in (n for n in ast.walk(init) if isinstance(n, ast.Compare)):
+                left = cmp.left
+                right = cmp.comparators[0]
+                if isinstance(left, ast.Attribute) and left.attr == "attn_dp_rank" and isinstance(right, ast.BinOp) \
+                        and isinstance(right.op, ast.Mod) and getattr(right.right, "attr", None) == "num_dp_ranks":
+                    return True
+    return False
+
+
+def test_row_14_a_prefill_of_dp_replicas_is_accepted_and_then_fails_its_hand_offs(pinned, sglang_env):
+    import os
+
+    from sglang_cases import PREFILL_TP4, with_
+
+    from pdnode.core.rules import BY_ID
+
+    assert BY_ID["disagg-prefill-dp-replicas"].severity == "error"
+    # the reference prefill's four GPUs as the two TP-2 replicas the rule refuses
+    args = with_(PREFILL_TP4, tp_size=2, dp_size=2, nccl_port=...)
+    r = subprocess.run([str(sglang_env), "-c", REPLICAS, json.dumps(args)], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    # SGLang's validation takes it; the prefill dispatches room r to replica r % 2; and every
+    # replica's sender believes it is attention-DP rank 0
+    assert seen == {"load_balance_method": "follow_bootstrap_room", "num_dp_ranks": 2, "attn_dp_ranks": [0]}, seen
+    assert _sender_compares_attn_dp_rank_with_the_room(pinned["common"]), \
+        "CommonKVSender no longer checks the room against attn_dp_rank (sglang#29725 fixed?): row 14 and " \
+        "disagg-prefill-dp-replicas may go"
 
 
 def test_the_pin_is_the_one_the_catalogue_read(pinned):

@@ -69,8 +69,8 @@ PLANS = {
     "gpu01-nixl": ("gpu01", {"pdnode_transfer_backend": "nixl"}),
     "demo": ("demo", {}),
     # the alignment cases of tests/test_plan_alignment.py, as the plan renders them
-    "dp-replicas": ("gpu01", {**HOST16, "pdnode_prefill_instances": [{"gpus": list(range(8)), "dp_size": 2}],
-                              "pdnode_decode_instances": [{"gpus": [8, 9, 10, 11], "attn_dp_size": 4}]}),
+    "dp-replicas": ("gpu01", {**HOST16, "pdnode_prefill_instances": [{"gpus": [8, 9, 10, 11]}],
+                              "pdnode_decode_instances": [{"gpus": list(range(8)), "dp_size": 2}]}),
     "deepep-no-ep-size": ("gpu01", {"decode[0]": {"ep_size": None, "extra_args": {"moe_a2a_backend": "deepep"}}}),
     "dense-with-moe-settings": ("gpu01", {"pdnode_model_kind": "dense"}),
     "gpu-id-step-2": ("gpu01", {"pdnode_prefill_instances": [{"gpus": [0, 2, 4, 6]}],
@@ -157,7 +157,7 @@ def test_plan_shape_matches_the_hand_written_cases(planned):
 def test_alignment_cases_render_what_they_claim(planned):
     """The plans above really are the alignment cases (else their verdicts prove nothing)."""
     s = planned
-    assert s["dp-replicas"].services["prefill-0"]["args"]["dp_size"] == 2
+    assert s["dp-replicas"].services["decode-0"]["args"]["dp_size"] == 2
     assert "ep_size" not in s["deepep-no-ep-size"].services["decode-0"]["args"]
     assert s["deepep-no-ep-size"].services["decode-0"]["args"]["moe_a2a_backend"] == "deepep"
     assert len(s["dense-with-moe-settings"].warnings) == 2
@@ -175,7 +175,8 @@ VERDICTS = {
     # the plan's warnings: SGLang accepts both on a dense model
     "dense-ep-size": (with_(PREFILL_TP4, **QWEN2, ep_size=4), True, None),
     "dense-moe-dense-tp-size": (with_(PREFILL_TP4, **QWEN2, moe_dense_tp_size=1), True, None),
-    # DP replicas, accepted
+    # DP replicas, accepted by SGLang's validation; on a prefill they fail their hand-offs at
+    # run time, which the plan refuses (disagg-prefill-dp-replicas; test_pinned_fixes.py, row 14)
     "dp-replicas-tp4": (with_(PREFILL_TP4, dp_size=2, nccl_port=...), True, None),
 }
 

@@ -459,6 +459,47 @@ def check_same_kv_layout(c: Any, instances: list[Instance]) -> None:
                     f"set the same {key} in the extra_args of every prefill and decode")
 
 
+# The longest request each side takes (context_length; None: the model's own, from its
+# config.json). Where the two differ, a request between them is admitted by one side and
+# refused by the other: a prefill that refuses it (HTTP 400) never sends the KV its
+# decode has made room for, and the decode waits until the client gives up (InferenceX
+# #2257: `--context-length` given to the prefill only, 33 of 1,000 requests hung for
+# 1,800 s); the other way round the decode starts from KV that never came (sglang#30233).
+# SGLang 0.5.23's hand-off compares page size, KV dtype and layout, not this
+# (disaggregation/common/conn.py), and one process cannot see its peers: the plan's rule.
+def check_same_context_length(c: Any, instances: list[Instance]) -> None:
+    stated = {inst.id: inst.extra_args.get("context_length") for inst in instances}
+    if len(set(map(repr, stated.values()))) > 1:
+        first = instances[0]
+        other = next(i for i in instances if repr(stated[i.id]) != repr(stated[first.id]))
+        shown = {i: ("the model's own" if v is None else repr(v)) for i, v in stated.items()}
+        c.error("disagg-context-length-same", f"{other.field}.extra_args.context_length", stated[other.id],
+                f"differs from {first.id} ({shown[first.id]}): a request longer than one side's limit is admitted by "
+                "the other, and its decode then waits for KV the prefill refused to make (InferenceX#2257)",
+                "set the same context_length in the extra_args of every prefill and decode, or on none")
+
+
+# A prefill of plain DP replicas (dp_size > 1, no DP attention) fails most hand-offs in
+# SGLang 0.5.23 (sglang#29725, closed as inactive; the fixes #29730 and #29733 are not in
+# the pin): its KV sender (disaggregation/common/conn.py, CommonKVSender) checks each
+# request's bootstrap room against its attention-DP rank, which is 0 in every replica
+# (runtime_context.derive_attention_ranks), while a prefill's default dispatch
+# (follow_bootstrap_room) sends room r to replica r % dp_size: every request of replicas
+# 1..dp_size-1 fails with "follow_bootstrap_room conflict". The documented way out,
+# SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1, registers every replica as rank 0
+# and the decode then times out instead. tests/conformance/test_prefill_dp_replicas.py
+# holds this to the pin.
+def check_prefill_dp_replicas(c: Any, instances: list[Instance]) -> None:
+    for inst in instances:
+        if inst.role == "prefill" and isinstance(inst.dp_size, int) and inst.dp_size > 1 \
+                and inst.attn_dp_size in (1, None):
+            c.error("disagg-prefill-dp-replicas", f"{inst.field}.dp_size", inst.dp_size,
+                    f"makes {inst.id} {inst.dp_size} plain DP replicas, and SGLang 0.5.23 fails every hand-off of "
+                    f"replicas 1..{inst.dp_size - 1} ('follow_bootstrap_room conflict': its KV sender compares the "
+                    "request's room with the attention-DP rank, 0 in every replica; sglang#29725)",
+                    "list each replica as a prefill instance of its own in pdnode_prefill_instances")
+
+
 def attention_tp(inst: Instance) -> int | None:
     """The ranks one attention layer's KV heads are split over: tp_size, divided by the
     attention-DP size when DP attention is on (SGLang 0.5.23, srt/runtime_context.py);

@@ -359,6 +359,8 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     disagg.check(c, v)
     inst_rules.check_same_disagg_settings(c, engines, disagg.engine_defaults(v))
     inst_rules.check_same_kv_layout(c, engines)
+    inst_rules.check_same_context_length(c, engines)
+    inst_rules.check_prefill_dp_replicas(c, engines)
     inst_rules.check_attention_tp(c, engines, kind)
     inst_rules.check_hicache_hisparse(c, engines)
     _check_capacity(c, v, engines, skip)

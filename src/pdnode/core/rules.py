@@ -135,6 +135,11 @@ RULES: tuple[Rule, ...] = (
     Rule("disagg-kv-layout-same", "error", "`page_size` and `kv_cache_dtype` are the same on every prefill and "
          "decode of the layout, or set on none (the decode refuses a different KV layout at its first request: "
          "SGLang's disaggregation/common/conn.py)"),
+    Rule("disagg-context-length-same", "error", "`context_length` is the same on every prefill and decode of the "
+         "layout, or set on none (a request one side admits and the other refuses hangs its decode: "
+         "InferenceX#2257)"),
+    Rule("disagg-prefill-dp-replicas", "error", "no prefill of plain DP replicas (`dp_size` > 1 without DP "
+         "attention): SGLang 0.5.23 fails the hand-offs of every replica but the first (sglang#29725)"),
     Rule("disagg-attn-tp-divides", "error", "on a non-MLA model, a prefill's and a decode's attention TP "
          "(tp_size / attn_dp_size) divide one another (SGLang maps KV heads between them by integer division)"),
     Rule("disagg-hicache-hisparse", "error", "no decode with `enable_hisparse` beside a prefill with "
