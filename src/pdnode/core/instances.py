@@ -444,18 +444,29 @@ def check_same_disagg_settings(c: Any, instances: list[Instance], defaults: dict
 SAME_KV_LAYOUT = {"page_size": None, "kv_cache_dtype": "auto"}
 
 
+def _first_differing(instances: list[Instance], key: str, default: Any) -> tuple | None:
+    """(the first instance, its value, the first instance whose extra_args value of KEY
+    differs, that value), or None when all agree (a missing key counts as DEFAULT)."""
+    first = instances[0]
+    want = repr(first.extra_args.get(key, default))
+    for inst in instances:
+        if repr(inst.extra_args.get(key, default)) != want:
+            return first, first.extra_args.get(key, default), inst, inst.extra_args.get(key, default)
+    return None
+
+
 def check_same_kv_layout(c: Any, instances: list[Instance]) -> None:
     """Every prefill and decode states the same page_size and kv_cache_dtype, or none
     does (SGLang's default may differ by role: it follows each engine's attention backend)."""
     for key, default in SAME_KV_LAYOUT.items():
-        stated = {inst.id: inst.extra_args.get(key, default) for inst in instances}
-        if len(set(map(repr, stated.values()))) > 1:
-            first = instances[0]
-            other = next(i for i in instances if repr(stated[i.id]) != repr(stated[first.id]))
-            shown = {i: ("SGLang's default" if v is None else repr(v)) for i, v in stated.items()}
-            c.error("disagg-kv-layout-same", f"{other.field}.extra_args.{key}", stated[other.id],
-                    f"differs from {first.id} ({shown[first.id]}): the decode refuses its prefill's KV at the first "
-                    f"request (SGLang 0.5.23, disaggregation/common/conn.py: '{key.replace('_', ' ')} mismatch')",
+        differing = _first_differing(instances, key, default)
+        if differing:
+            first, first_value, other, value = differing
+            shown = "SGLang's default" if first_value is None else repr(first_value)
+            c.error("disagg-kv-layout-same", f"{other.field}.extra_args.{key}", value,
+                    f"differs from {first.id} ({shown}): "
+                    "the decode refuses its prefill's KV at the first request (SGLang 0.5.23, "
+                    f"disaggregation/common/conn.py: '{key.replace('_', ' ')} mismatch')",
                     f"set the same {key} in the extra_args of every prefill and decode")
 
 
@@ -468,13 +479,13 @@ def check_same_kv_layout(c: Any, instances: list[Instance]) -> None:
 # SGLang 0.5.23's hand-off compares page size, KV dtype and layout, not this
 # (disaggregation/common/conn.py), and one process cannot see its peers: the plan's rule.
 def check_same_context_length(c: Any, instances: list[Instance]) -> None:
-    stated = {inst.id: inst.extra_args.get("context_length") for inst in instances}
-    if len(set(map(repr, stated.values()))) > 1:
-        first = instances[0]
-        other = next(i for i in instances if repr(stated[i.id]) != repr(stated[first.id]))
-        shown = {i: ("the model's own" if v is None else repr(v)) for i, v in stated.items()}
-        c.error("disagg-context-length-same", f"{other.field}.extra_args.context_length", stated[other.id],
-                f"differs from {first.id} ({shown[first.id]}): a request longer than one side's limit is admitted by "
+    differing = _first_differing(instances, "context_length", None)
+    if differing:
+        first, first_value, other, value = differing
+        shown = "the model's own" if first_value is None else repr(first_value)
+        c.error("disagg-context-length-same", f"{other.field}.extra_args.context_length", value,
+                f"differs from {first.id} ({shown}): "
+                "a request longer than one side's limit is admitted by "
                 "the other, and its decode then waits for KV the prefill refused to make (InferenceX#2257)",
                 "set the same context_length in the extra_args of every prefill and decode, or on none")
 
