@@ -446,7 +446,10 @@ SAME_KV_LAYOUT = {"page_size": None, "kv_cache_dtype": "auto"}
 
 def _first_differing(instances: list[Instance], key: str, default: Any) -> tuple | None:
     """(the first instance, its value, the first instance whose extra_args value of KEY
-    differs, that value), or None when all agree (a missing key counts as DEFAULT)."""
+    differs, that value), or None when all agree or there are none (a missing key counts
+    as DEFAULT: an inventory that is refused earlier may reach here with no instances)."""
+    if not instances:
+        return None
     first = instances[0]
     want = repr(first.extra_args.get(key, default))
     for inst in instances:
