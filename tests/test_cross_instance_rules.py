@@ -80,3 +80,28 @@ def test_hicache_prefill_beside_hisparse_decode_is_refused(gpu01_vars, prefill, 
     if refused:
         assert hit[0].startswith("pdnode_decode_instances[0].extra_args.enable_hisparse=True: ")
         assert "prefill-0" in hit[0] and "sglang#26092" in hit[0]
+
+
+MXFP8 = {"extra_args": {"kv_cache_dtype": "mxfp8"}}
+
+
+# Row 13: the pin slices KV heads, sliding-window and Mamba state between attention TP
+# sizes, not the MXFP8 KV cache's block scales (tests/conformance/test_pinned_fixes.py).
+@pytest.mark.parametrize(("kind", "decode", "dtype", "refused"), [
+    ("moe", {}, "mxfp8", True),  # gpu01: prefill attention TP 4, decode 1
+    ("dense", {"attn_dp_size": 1, "dp_size": 1, "ep_size": None, "moe_dense_tp_size": None,
+               "enable_dp_lm_head": False}, "mxfp8", False),  # 4 against 4
+    ("moe_mla", {}, "mxfp8", False),  # the latent is whole on every rank
+    ("moe", {}, "fp8_e4m3", False),  # no block scales
+])
+def test_block_scaled_kv_at_different_attention_tp_is_refused_for_a_non_mla_model(gpu01_vars, kind, decode, dtype,
+                                                                                   refused):
+    args = {"extra_args": {"kv_cache_dtype": dtype}}
+    v = changed(gpu01_vars, {"pdnode_model_kind": kind, "prefill[0]": args, "decode[0]": {**decode, **args}})
+    got = problems(v)
+    hit = [str(p) for p in got if p.rule_id == "disagg-attn-tp-block-scaled-kv"]
+    assert len(hit) == int(refused), [str(p) for p in got]
+    if refused:
+        assert hit[0].startswith("pdnode_decode_instances[0].tp_size=4: gives decode-0 attention TP 1 against "
+                                 "prefill-0's 4 with kv_cache_dtype mxfp8"), hit[0]
+        assert "BLOCK_SCALE" in hit[0] and "Fix: " in hit[0]

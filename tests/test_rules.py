@@ -119,6 +119,9 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     # gpu01's model is not MLA: prefill attention TP 3 against the decode's 2 (4 / attn_dp_size 2)
     "disagg-attn-tp-divides": ({"prefill[0]": {"gpus": [0, 1, 2], "tp_size": 3}, "decode[0]": {"attn_dp_size": 2}},
                                set()),
+    # gpu01's prefill attention TP 4 against the decode's 1, both with the MXFP8 KV cache
+    "disagg-attn-tp-block-scaled-kv": ({"prefill[0]": {"extra_args": {"kv_cache_dtype": "mxfp8"}},
+                                        "decode[0]": {"extra_args": {"kv_cache_dtype": "mxfp8"}}}, set()),
     "disagg-prefill-dp-replicas": ({"prefill[0]": {"tp_size": 2, "dp_size": 2}}, set()),
     "disagg-context-length-same": ({"prefill[0]": {"extra_args": {"context_length": 9217}}}, set()),
     "disagg-hicache-hisparse": ({"prefill[0]": {"extra_args": {"enable_hierarchical_cache": True}},

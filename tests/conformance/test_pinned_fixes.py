@@ -12,6 +12,9 @@ new pin that drops the fix fails here, naming the row, before a node meets the f
 
 And what it still gets wrong, behind a refusal of the plan:
 
+- Row 13 (llm-d#2433): prefill and decode of a non-MLA hybrid model at different attention
+  TP. The pin slices sliding-window and Mamba state between the sizes; it still raises
+  for the MXFP8 KV cache's block scales (disagg-attn-tp-block-scaled-kv).
 - Row 14 (sglang#29725): a prefill of plain DP replicas is accepted by SGLang's validation,
   dispatches by bootstrap room, and each replica's KV sender compares the room with an
   attention-DP rank that is 0 in every replica (disagg-prefill-dp-replicas).
@@ -169,3 +172,48 @@ def test_row_12_dp_replicas_draw_their_nccl_port_where_the_plan_warns(sglang_env
     # a pinned nccl_port goes to every replica alike (why the plan pins none for them)
     init_new = src["init_new"]
     assert "get_free_port_below_ephemeral()" in init_new and "nccl_port = server_args.nccl_port" in init_new
+
+
+def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
+    (fn,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+    return fn
+
+
+def _attrs(node: ast.AST) -> set[str]:
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def _strings(node: ast.AST) -> str:
+    return " ".join(n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+
+
+def test_row_13_hybrid_state_is_sliced_between_attention_tp_sizes_but_block_scales_are_not(pinned):
+    from pdnode.core.instances import BLOCK_SCALED_KV_DTYPES
+    from pdnode.core.rules import BY_ID
+
+    disagg = Path(pinned["mooncake"]).parents[1]
+    send = _function(ast.parse(Path(pinned["mooncake"]).read_text(encoding="utf-8")), "maybe_send_extra")
+    # Mamba state (Qwen3-Next) goes to its slicing sender when the sizes differ
+    assert calls_in(pinned["mooncake"], "_send_mamba_state_slice").get("maybe_send_extra"), \
+        "row 13: Mamba state is no longer sliced between attention TP sizes"
+    # the one refusal of different sizes spares sliding-window state (gpt-oss, the model)
+    (refusal,) = [n for n in ast.walk(send) if isinstance(n, ast.If) and any(
+        isinstance(r, ast.Raise) and "does NOT support PD different TP sizes" in _strings(r) for r in n.body)]
+    assert "SWA" in _attrs(refusal.test), "row 13: sliding-window state is refused between TP sizes again"
+    # ...and reaches every generic state type of a non-MLA model, the block scales among them
+    generic = _function(ast.parse(Path(pinned["mooncake"]).read_text(encoding="utf-8")),
+                        "_is_generic_kvcache_state_type")
+    assert "BLOCK_SCALE" in _attrs(generic), \
+        "row 13: block scales left the refused path: disagg-attn-tp-block-scaled-kv may go"
+    # the block scales are a state of the MXFP8 pool, which a non-MLA model gets from kv_cache_dtype
+    utils = Path(disagg / "utils.py").read_text(encoding="utf-8")
+    registered = [n for n in ast.walk(ast.parse(utils)) if isinstance(n, ast.If)
+                  and "MHATokenToKVPoolMXFP8" in {getattr(a, "id", None) for a in ast.walk(n.test)}]
+    assert any("BLOCK_SCALE" in _attrs(ast.Module(body=n.body, type_ignores=[])) for n in registered), registered
+    configurator = ast.parse((disagg.parent / "mem_cache" / "kv_cache_configurator.py").read_text(encoding="utf-8"))
+    chosen_by = {c.value for n in ast.walk(configurator) if isinstance(n, ast.If)
+                 and any(isinstance(r, ast.Return) and getattr(r.value, "id", None) == "MHATokenToKVPoolMXFP8"
+                         for r in n.body)
+                 for c in ast.walk(n.test) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    assert chosen_by == set(BLOCK_SCALED_KV_DTYPES), f"the MXFP8 pool is chosen by {chosen_by} now"
+    assert BY_ID["disagg-attn-tp-block-scaled-kv"].severity == "error"

@@ -546,6 +546,36 @@ def check_attention_tp(c: Any, instances: list[Instance], kind: str | None) -> N
                         "division without a check", "use attention TP sizes (tp_size / attn_dp_size) that divide "
                         "one another; the same on both moves each request's KV in one piece per rank")
                 break  # one line per decode
+    check_block_scaled_kv_attention_tp(c, prefills, decodes, kind)
+
+
+# What the pin slices between attention TP sizes (SGLang 0.5.23, mooncake/conn.py
+# maybe_send_extra): KV heads, a hybrid model's sliding-window state (gpt-oss: llm-d#2433,
+# which 0.5.16 refused) and its Mamba state (Qwen3-Next). What it does not: the per-block
+# scales of the MXFP8 KV cache (kv_cache_dtype mxfp8 gives a non-MLA model the block-scaled
+# pool, whose scales ride as a state of their own, StateType.BLOCK_SCALE), for which the
+# prefill's transfer worker raises "PD Disaggregation does NOT support PD different TP
+# sizes for non-MLA BLOCK_SCALE hybrid models yet" at the first hand-off and the client
+# waits. tests/conformance/test_pinned_fixes.py reads all of this in the pin.
+BLOCK_SCALED_KV_DTYPES = ("mxfp8",)
+
+
+def check_block_scaled_kv_attention_tp(c: Any, prefills: list, decodes: list, kind: str | None) -> None:
+    """PREFILLS and DECODES: (instance, attention TP) of a non-MLA model's engines."""
+    for d, d_tp in decodes:
+        dtype = d.extra_args.get("kv_cache_dtype")
+        if dtype not in BLOCK_SCALED_KV_DTYPES:
+            continue  # the KV layout rule makes every engine's dtype the same
+        other = next(((p, p_tp) for p, p_tp in prefills if p_tp != d_tp), None)
+        if other:
+            p, p_tp = other
+            c.error("disagg-attn-tp-block-scaled-kv", f"{d.field}.tp_size", d.tp_size,
+                    f"gives {d.id} attention TP {d_tp} against {p.id}'s {p_tp} with kv_cache_dtype {dtype} on a "
+                    f"non-MLA model (pdnode_model_kind {kind}): SGLang 0.5.23 does not slice the KV's block scales "
+                    "between sizes and fails the first hand-off ('PD Disaggregation does NOT support PD different "
+                    "TP sizes for non-MLA BLOCK_SCALE hybrid models yet')",
+                    "give every prefill and decode the same attention TP (tp_size / attn_dp_size), or another "
+                    "kv_cache_dtype")
 
 
 # HiCache on a prefill with HiSparse on a decode hangs (sglang#26092, closed as inactive;

@@ -142,6 +142,9 @@ RULES: tuple[Rule, ...] = (
          "attention): SGLang 0.5.23 fails the hand-offs of every replica but the first (sglang#29725)"),
     Rule("disagg-attn-tp-divides", "error", "on a non-MLA model, a prefill's and a decode's attention TP "
          "(tp_size / attn_dp_size) divide one another (SGLang maps KV heads between them by integer division)"),
+    Rule("disagg-attn-tp-block-scaled-kv", "error", "on a non-MLA model with the block-scaled KV cache "
+         "(`kv_cache_dtype: mxfp8`), every prefill and decode has the same attention TP (SGLang 0.5.23 does not "
+         "slice the KV's block scales between sizes and fails the first hand-off)"),
     Rule("disagg-hicache-hisparse", "error", "no decode with `enable_hisparse` beside a prefill with "
          "`enable_hierarchical_cache` (the pair hangs: sglang#26092)"),
     # --- SGLang's own validation of each engine's ServerArgs (pdnode check; pdnode.core.sglang_judge)
