@@ -234,8 +234,12 @@ def node(tmp_path):
                                 "url": f"http://127.0.0.1:{port}", "metrics_url": f"http://127.0.0.1:{port}/metrics",
                                 "config": str(cfg / "router.json"), "env_file": str(cfg / "router.env"),
                                 "args": {"host": "0.0.0.0", "port": port,  # noqa: S104 -- the plan's value
-                                         "prometheus_host": "127.0.0.1", "prometheus_port": port}}},
+                                         "prometheus_host": "127.0.0.1", "prometheus_port": port},
+                                "pair_probe": {"service": "pdtest-none-pair-probe.service",
+                                               "timer": "pdtest-none-pair-probe.timer",
+                                               "spec": {"out": str(tmp_path / "pairs.prom")}}}},
     }
+    (tmp_path / "pairs.prom").write_text('pdnode_pair_probe_success{prefill="prefill-0",decode="decode-0"} 0\n')
     yield plan, tmp_path
     server.shutdown()
 
@@ -274,8 +278,11 @@ def test_collect_host_strips_keys_redacts_and_records_every_file(node):
         assert f"# asked {path}/metrics" in (stage / f"h1/http/{sid}.metrics.txt").read_text(), sid
     # the journal and the state of every unit (systemctl may be absent here: then recorded as missing)
     listed = set(files) | {m["item"] for m in manifest["missing"]}
-    for sid in ("prefill-0", "prefill-1", "decode-0", "router"):
-        assert f"journal/pdtest-none-{sid}.service.txt" in {x.removeprefix("h1/") for x in listed}, sid
+    for unit in ("prefill-0.service", "prefill-1.service", "decode-0.service", "router.service",
+                 "pair-probe.timer", "pair-probe.service"):
+        assert f"journal/pdtest-none-{unit}.txt" in {x.removeprefix("h1/") for x in listed}, unit
+    # what the per-pair probe last found
+    assert (stage / "h1/http/pair-probe.prom.txt").read_text().startswith("pdnode_pair_probe_success{")
     # /workers was asked with the admin key (the fake answers 401 without it), its secrets redacted
     workers = json.loads((stage / "h1/http/router.workers.json").read_text())
     assert files["h1/http/router.workers.json"]["exit_status"] == 200

@@ -50,7 +50,7 @@ CODE_DIRS = ("roles", "playbooks", "templates", "src/pdnode", "plugins")
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 SPAN = re.compile(r"`([^`\n]+)`")
-UNIT = re.compile(r"(?<![\w/.@-])([A-Za-z0-9][\w.@-]*\.(?:service|target))\b")
+UNIT = re.compile(r"(?<![\w/.@-])([A-Za-z0-9][\w.@-]*\.(?:service|target|timer))\b")
 SYSTEMCTL_VERBS = {"start", "stop", "restart", "status", "show", "is-active", "is-failed", "reload", "kill",
                    "enable", "disable", "cat", "reset-failed"}
 # an address and its port: an IP, localhost, [IPv6], a URL's host, `ss`'s `sport = :N`
@@ -106,6 +106,11 @@ def inventory_facts(name: str) -> Facts:
             facts.units.add(svc["unit"])
             facts.service_ids.add(sid)
             facts.paths |= {svc["config"], svc["env_file"], f"/etc/systemd/system/{svc['unit']}"}
+        probe = monitoring.pair_probe(plan)
+        if probe:  # the per-pair probe beside the router: its units, spec and metrics file
+            facts.units |= {probe["service"], probe["timer"]}
+            facts.paths |= {probe["spec_file"], probe["spec"]["out"], probe["textfile_dir"],
+                            *(f"/etc/systemd/system/{probe[k]}" for k in ("service", "timer"))}
         facts.ports |= {int(p) for p in plan["ports"].values()}
         for job in monitoring.scrape_config(plan)["scrape_configs"]:
             for static in job["static_configs"]:
@@ -236,7 +241,7 @@ def unit_arguments(words: list[str]) -> list[str]:
         for flag, value in zip(words, words[1:]):
             if flag in ("-u", "--unit", "-fu"):
                 out.append(value)
-    return [w if w.endswith((".service", ".target")) or "*" in w else w + ".service" for w in out]
+    return [w if w.endswith((".service", ".target", ".timer")) or "*" in w else w + ".service" for w in out]
 
 
 PLACEHOLDER = re.compile(r"[<>{}$*]|\bUNIT\b|\bINVENTORY\b|\.\.\.")
@@ -260,9 +265,9 @@ def prose_units(text: str, facts: Facts) -> list[tuple[int, str]]:
         for line, content in all_lines(text):
             for m in word.finditer(content):
                 name, tail = m.group(0), content[m.end():]
-                if not name.endswith((".service", ".target")) and re.match(r"\.(?:json|nft|env|conf)\b", tail):
+                if not name.endswith((".service", ".target", ".timer")) and re.match(r"\.(?:json|nft|env|conf)\b", tail):
                     continue  # a file named after the prefix, checked as a path
-                unit = name if name.endswith((".service", ".target")) else name + ".service"
+                unit = name if name.endswith((".service", ".target", ".timer")) else name + ".service"
                 if name == prefix:
                     if tail[:1] in ("/", "_"):
                         continue  # a directory or table named after the prefix

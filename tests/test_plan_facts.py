@@ -65,8 +65,13 @@ def test_the_rendered_files_name_only_the_plans_prefix_and_paths(tmp_path):
     assert all(DEFAULTS[k] != v for k, v in OTHER.items())
     plan = _plan({**OTHER, "pdnode_model_path": "/models/demo-moe"})  # the demo's is under /var/lib/sglang-pd-models
     files = _render_files(plan, tmp_path)
-    units = [f for f in files if f["path"].endswith(".service")]
+    units = [f for f in files if f["path"].endswith(tuple(f"/{s['unit']}" for s in plan["services"].values()))]
     assert len(units) == len(plan["services"]) and files
+    # the per-pair probe's units and files are named after the prefix too
+    probe = plan["services"]["router"]["pair_probe"]
+    assert {f["path"] for f in files} >= {probe["spec_file"], f"/etc/systemd/system/{probe['service']}",
+                                          f"/etc/systemd/system/{probe['timer']}"}
+    assert probe["service"].startswith("acme-llm-") and probe["textfile_dir"] == "/var/lib/acme-llm-metrics"
     for f in files:
         text = f["path"] + "\n" + str(f.get("content", ""))
         for default in ("sglang-pd", DEFAULTS["pdnode_config_dir"], DEFAULTS["pdnode_install_root"]):

@@ -59,6 +59,7 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     # no GPU exists then: the instances' GPUs are reported too
     "gpu-count-positive": ({"pdnode_gpu_count": 0}, {"gpus-exist"}),
     "drain-timeout-positive": ({"pdnode_drain_timeout_s": 0}, set()),
+    "pair-probe-interval-range": ({"pdnode_pair_probe_interval_s": 5}, set()),
     "sim-value-range": ({"pdnode_sim_decode_ms_per_request": -1.0}, set()),
     "version-pattern": ({"pdnode_sglang_version": "latest"}, set()),
     "host-address": ({"pdnode_router_host": "-h"}, set()),

@@ -23,7 +23,7 @@ from pdnode.core.plan import build_plan
 ROOT = Path(__file__).resolve().parents[1]
 INVENTORIES = ["gpu01", "gpu01-2p1d", "demo"]
 SH_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
-UNIT_TOKEN = re.compile(r"[A-Za-z0-9][\w.@-]*\.(?:service|target)\b")
+UNIT_TOKEN = re.compile(r"[A-Za-z0-9][\w.@-]*\.(?:service|target|timer)\b")
 SYSTEMCTL_VERBS = {"start", "stop", "restart", "status", "show", "is-active", "reload", "kill"}
 
 
@@ -40,6 +40,12 @@ def rendered(request):
 
 def sh_blocks(text: str) -> list[str]:
     return [line for block in SH_BLOCK.findall(text) for line in block.splitlines() if line.strip()]
+
+
+def host_units(plan: dict) -> set[str]:
+    """The units the plan runs on its host: its services, and the per-pair probe's beside the router."""
+    probe = monitoring.pair_probe(plan)
+    return {s["unit"] for s in plan["services"].values()} | ({probe["service"], probe["timer"]} if probe else set())
 
 
 def unit_references(line: str) -> tuple[set[str], set[str]]:
@@ -63,13 +69,13 @@ def unit_references(line: str) -> tuple[set[str], set[str]]:
                 elif w in ("-p", "--property"):
                     skip = True
                 elif not w.startswith("-") and not w.startswith("#"):
-                    units.add(w if w.endswith((".service", ".target")) else w + ".service")
+                    units.add(w if w.endswith((".service", ".target", ".timer")) else w + ".service")
                 elif w.startswith("#"):
                     break
         if words[0] == "journalctl":
             for flag, value in zip(words, words[1:]):
                 if flag in ("-u", "--unit"):
-                    units.add(value if value.endswith((".service", ".target")) else value + ".service")
+                    units.add(value if value.endswith((".service", ".target", ".timer")) else value + ".service")
                 if flag in ("-t", "--identifier"):
                     idents.add(value)
     return units, idents
@@ -163,7 +169,7 @@ def test_alert_pages_map_labels_to_this_hosts_services(rendered):
 
 def test_shell_commands_name_only_units_of_the_plan(rendered):
     plan, files = rendered
-    plan_units = {s["unit"] for s in plan["services"].values()}
+    plan_units = host_units(plan)
     allowed = plan_units | {plan["install"]["target"]} | set(runbooks.EXPORTER_UNITS.values())
     idents = {u.removesuffix(".service") for u in plan_units}
     seen: set[str] = set()
@@ -390,7 +396,7 @@ def test_every_page_of_every_host_is_well_formed(layout, pair_renders, spanning_
     assert bash
     renders = pair_renders if layout == "pair" else spanning_renders
     for host, (plan, files) in renders.items():
-        own = {s["unit"] for s in plan["services"].values()}
+        own = host_units(plan)
         allowed = own | {plan["install"]["target"]} | set(runbooks.EXPORTER_UNITS.values())
         seen: set[str] = set()
         for name, text in files.items():

@@ -164,6 +164,28 @@ def cases(plan: dict[str, Any], rules: dict[str, dict[str, Any]]) -> list[dict[s
         case("PdRouterWorkersMissing", "the plan's counts do not fire",
              [series("smg_worker_pool_size", pool[role], f"{want[role]}x20") for role in want], [("15m", [])])
 
+    if "PdPairFailing" in rules:
+        pair = {**target["node"], "prefill": "prefill-0", "decode": "decode-0"}
+        probes = minutes(rules["PdPairFailing"]["for"])  # three probes of the plan's interval
+        case("PdPairFailing", "a pair failing its probes fires, served again clears",
+             [series("pdnode_pair_probe_success", pair, f"1x5 0x{probes + 5} 1x10")],
+             [("5m", []), (f"{6 + probes}m", [pair]), (f"{probes + 12}m", [])])
+        case("PdPairFailing", "fewer failed probes in a row than the rule's `for` do not fire",
+             [series("pdnode_pair_probe_success", pair, f"1x5 0x{probes - 2} 1x20")], [(f"{probes + 6}m", [])])
+        case("PdPairFailing", "a pair not probed (an engine down: no success series) does not fire",
+             [series("pdnode_pair_probe_skipped", pair, "1x20")], [("15m", [])])
+        stale_min = -(-int(rules["PdPairProbeStale"]["expr"].split("> ")[1].split()[0]) // 60)
+        ran = {**target["node"]}
+        case("PdPairProbeStale", "a probe that stopped writing fires after its staleness and 5m",
+             [series("pdnode_pair_probe_last_run_timestamp_seconds", ran, "60+60x9 600x40"),
+              series("up", target["node"], "1x50")],
+             [("12m", []), (f"{11 + stale_min + 6}m", [target["node"]])])
+        case("PdPairProbeStale", "a node exporter without the probe's metric for 5m fires",
+             [series("up", target["node"], "1x20")], [("3m", []), ("8m", [target["node"]])])
+        case("PdPairProbeStale", "a probe writing every minute does not fire",
+             [series("pdnode_pair_probe_last_run_timestamp_seconds", ran, "0+60x40"),
+              series("up", target["node"], "1x40")], [("30m", [])])
+
     unit = {**target["node"], "name": units["unit_decode"]}
     case("PdServiceRestarting", "one automatic restart fires, steady again clears after 15m",
          [series("node_systemd_service_restart_total", unit, "0x10 1x40")], [("13m", [unit]), ("40m", [])])

@@ -52,6 +52,7 @@ def test_a_served_pair_is_1_and_a_blacklisted_pair_is_0_naming_it(tmp_path):
         assert r.returncode == 0, r.stderr
         text = (tmp_path / "pairs.prom").read_text()
         assert _success(text) == {("prefill-0", "decode-0"): 1.0}
+        assert 'pdnode_pair_probe_skipped{prefill="prefill-0",decode="decode-0"} 0' in text
         assert r.stdout.strip() == "1 of 1 pairs served"
         # Prometheus's parser takes the file as it lands
         lint = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True,
@@ -67,6 +68,16 @@ def test_a_served_pair_is_1_and_a_blacklisted_pair_is_0_naming_it(tmp_path):
         assert _success((tmp_path / "pairs.prom").read_text()) == {("prefill-0", "decode-0"): 0.0}
         (line,) = r.stderr.splitlines()
         assert line.startswith("pair prefill-0 + decode-0 failed in ") and "HTTP 500" in line, line
+        # a decode that is down (a restart, a crash) is not the pair's failure: not probed, said so
+        node.procs["decode"].kill()
+        node.procs["decode"].wait(timeout=30)
+        r = _run(spec)
+        assert r.returncode == 0, r.stdout + r.stderr
+        text = (tmp_path / "pairs.prom").read_text()
+        assert _success(text) == {} and 'pdnode_pair_probe_skipped{prefill="prefill-0",decode="decode-0"} 1' in text
+        assert r.stdout.strip() == "0 of 1 pairs served, 1 not probed"
+        (line,) = r.stderr.splitlines()
+        assert line.startswith("pair prefill-0 + decode-0 not probed: decode-0 /health: ConnectionRefusedError"), line
 
 
 def test_every_prefill_meets_every_decode_with_its_bootstrap_host():
@@ -103,6 +114,10 @@ def test_each_answer_is_judged(prefill, decode, why):
 def test_labels_are_escaped_and_the_file_replaced_whole(tmp_path):
     p = pair_probe.Pair('pre"fill', "de\\code", "u", "v", "h", 1, ok=True, seconds=0.25)
     text = pair_probe.metrics_text([p], 1.5)
+    # a skipped pair has no success and no duration: only the probed ones are judged
+    skipped = pair_probe.Pair("p", "d", "u", "v", "h", 1, skipped="d /health HTTP 503")
+    assert "pdnode_pair_probe_success" not in pair_probe.metrics_text([skipped], 1.5).replace(
+        "# HELP pdnode_pair_probe_success", "").replace("# TYPE pdnode_pair_probe_success", "")
     assert 'pdnode_pair_probe_success{prefill="pre\\"fill",decode="de\\\\code"} 1' in text
     out = tmp_path / "pairs.prom"
     out.write_text("old")

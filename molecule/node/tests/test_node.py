@@ -195,6 +195,49 @@ def test_verify_fails_the_right_check(host, plan_on_host, role_port, faults, arg
     assert rc == 1 and expected in failed, report["failures"]
 
 
+# --- The per-pair probe (field failure 4): a pair that fails while both engines are healthy ---
+PROBE = f"{PREFIX}-pair-probe"
+
+
+def _probe_once(host) -> dict[str, str]:
+    """Run the probe now (its oneshot unit: systemctl returns when it is done) and read
+    what the node exporter serves of it, as Prometheus scrapes it."""
+    host.check_output(f"systemctl start {PROBE}.service")
+    metrics = host.check_output("curl -sS --max-time 10 http://127.0.0.1:9100/metrics")
+    return {line.split(" ")[0]: line.split(" ")[1] for line in metrics.splitlines()
+            if line.startswith("pdnode_pair_probe_")}
+
+
+PAIR = '{decode="decode-0",prefill="prefill-0"}'  # the exporter sorts the labels
+
+
+def test_the_pair_probe_timer_runs_and_the_node_exporter_serves_its_pairs(host):
+    timer = host.service(f"{PROBE}.timer")
+    assert timer.is_enabled and timer.is_running
+    got = _probe_once(host)
+    assert got[f"pdnode_pair_probe_success{PAIR}"] == "1" and got[f"pdnode_pair_probe_skipped{PAIR}"] == "0", got
+    assert float(got["pdnode_pair_probe_last_run_timestamp_seconds"]) > time.time() - 120, got
+
+
+def test_a_failing_pair_reads_0_while_both_engines_answer_health_then_1_once_it_serves(host):
+    set_faults(host, 30000, ["transfer_fail"])  # every KV write of prefill-0 fails
+    try:
+        got = _probe_once(host)
+        journal = host.check_output(f"journalctl -u {PROBE}.service --no-pager -n 5 --output cat")
+    finally:
+        set_faults(host, 30000, [])
+    assert got[f"pdnode_pair_probe_success{PAIR}"] == "0", got
+    assert "pair prefill-0 + decode-0 failed in " in journal and "HTTP 500" in journal, journal
+    assert curl(host, "http://127.0.0.1:30001/health", key=None)[0] == 200
+    # one failed write blacklisted the decode's session (sglang#13054): SGLang's failed-session
+    # probe lifts it within its first interval (30 s), and the pair reads 1 again
+    deadline = time.monotonic() + 180
+    while (got := _probe_once(host))[f"pdnode_pair_probe_success{PAIR}"] != "1" and time.monotonic() < deadline:
+        time.sleep(5)
+    assert got[f"pdnode_pair_probe_success{PAIR}"] == "1", got
+    _wait_serving(host)
+
+
 def test_verify_diagnoses_a_wrong_key_and_a_proxy(host, plan_on_host):
     host.run("printf 'not-the-key\\n' > /tmp/wrong-key && chmod 600 /tmp/wrong-key")
     rc, failed, report = run_verify(host, plan_on_host, key_file="/tmp/wrong-key")

@@ -57,7 +57,7 @@ ENGINE_ROLES = ("prefill", "decode")
 
 # What may reach a shell command of a runbook unquoted: the plan validated these already
 # (values.py); a value that does not match here is refused rather than pasted into a command.
-UNIT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,250}\.(?:service|target)$")
+UNIT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,250}\.(?:service|target|timer)$")
 PATH_RE = re.compile(r"^/(?:[A-Za-z0-9._+-]+/?)*$")
 HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 ID_RE = re.compile(r"^(?:(?:prefill|decode)-[0-9]{1,3}|router)$")
@@ -167,6 +167,10 @@ def _alerts(plan: dict[str, Any], targets: list[dict[str, Any]], layout: dict[st
             elif when == "router_prefills":
                 why_not = (f"this host runs no router: it fires on {layout['router_host']}, whose runbooks "
                            "have this page too")
+            elif when == "pair_probe":
+                why_not = (f"this host runs no per-pair probe: it runs beside the router, on {layout['router_host']}"
+                           if "router" not in plan["services"] else "the inventory turns the per-pair probe off "
+                           "(pdnode_pair_probe_interval_s: 0)")
             elif when == "gpu_host":
                 why_not = f"this host runs the {plan['install']['engine']} engine, not a GPU engine: no DCGM exporter"
             else:
@@ -191,6 +195,13 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
     services = {sid: _service(s) for sid, s in plan["services"].items()}
     engines = [s for s in services.values() if s["role"] in ENGINE_ROLES]
     router = services.get("router")  # a layout over several hosts: only on the router's host
+    probe = monitoring.pair_probe(plan)
+    if probe:
+        probe = {"service": _check(probe["service"], UNIT_RE, "pair_probe.service", "a systemd unit name"),
+                 "timer": _check(probe["timer"], UNIT_RE, "pair_probe.timer", "a systemd unit name"),
+                 "spec_file": _check(probe["spec_file"], PATH_RE, "pair_probe.spec_file", "an absolute path"),
+                 "out": _check(probe["spec"]["out"], PATH_RE, "pair_probe.spec.out", "an absolute path"),
+                 "interval_s": int(probe["interval_s"]), "timeout_s": int(probe["spec"]["timeout_s"])}
     settings = plan["settings"]
     thresholds = settings.get("pdnode_verify_thresholds") or {}
     units_conf = pd_services_values(role_values or {})
@@ -211,6 +222,7 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
         "prefills": [s for s in engines if s["role"] == "prefill"],
         "decodes": [s for s in engines if s["role"] == "decode"],
         "router": router,
+        "pair_probe": probe,  # None where it does not run
         "layout": layout,
         "units": [s["unit"] for s in services.values()],
         "ports": sorted(own_ports, key=lambda kv: (kv[1], kv[0])),

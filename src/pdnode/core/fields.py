@@ -77,6 +77,9 @@ FIELDS: tuple[Field, ...] = (
     _F("pdnode_drain_timeout_s", "int", 300, "before a planned stop (deploy, upgrade, playbooks/restart.yml) an "
        "instance leaves the router and the stop waits until its requests are done, at most this long (then it "
        "stops anyway, and says how many were left; docs/decisions.md, \"Drain before a planned stop\")"),
+    _F("pdnode_pair_probe_interval_s", "int", 60, "every this many seconds a timer on the router's host sends one "
+       "request to every prefill-decode pair and writes which were served (pdnode_pair_probe_success, read by "
+       "the alert PdPairFailing; docs/monitoring.md); 0: no probe, else 30-3600"),
     _F("pdnode_kv_prompt_tokens", "int", 4000, "prompt size (tokens) for which check, explain and plan state what "
        "the KV hand-off adds to TTFT"),
     _F("pdnode_model_kv_bytes_per_token", "int_or_none", None, "the model's KV cache bytes per token (bf16: 2 x layers "

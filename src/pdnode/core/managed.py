@@ -81,4 +81,10 @@ def paths(install: dict[str, Any], services: dict[str, dict[str, Any]], api_key:
         # what the router unit's reconcile at start reads (key file names, never keys)
         out.append(_entry(services["router"]["reconcile_spec_file"], "config", "0640", "root", user, "pd_services"))
         out.append(_entry(install["admin_key_path"], "secret", "0400", user, user, "pd_services", _NO_CONTENT))
+        probe = services["router"].get("pair_probe")
+        if probe:
+            # the per-pair probe: what it reads, its oneshot unit and the timer that starts it
+            out += [_entry(probe["spec_file"], "config", "0640", "root", user, "pd_services"),
+                    _entry(f"{UNITS_DIR}/{probe['service']}", "unit", "0644", "root", "root", "pd_services"),
+                    _entry(f"{UNITS_DIR}/{probe['timer']}", "unit", "0644", "root", "root", "pd_services")]
     return out

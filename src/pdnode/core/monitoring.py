@@ -82,7 +82,9 @@ def _router_workers(plan: dict[str, Any]) -> dict[str, str | None]:
 def template_values(plan: dict[str, Any]) -> dict[str, str | None]:
     """Placeholder name -> text; None for a value the inventory does not set."""
     thresholds = plan["settings"].get("pdnode_verify_thresholds") or {}
-    units = sorted(service["unit"] for service in plan["services"].values())
+    probe = pair_probe(plan)
+    # the per-pair probe's timer must stay active too (its oneshot service is inactive between runs)
+    units = sorted([service["unit"] for service in plan["services"].values()] + ([probe["timer"]] if probe else []))
     circuit_open_s = int(plan["settings"]["pdnode_router_circuit_open_s"])
     jobs = scrape_jobs(plan)
     values: dict[str, str | None] = {
@@ -99,6 +101,13 @@ def template_values(plan: dict[str, Any]) -> dict[str, str | None]:
         # How many workers of each type the router serves in the plan (its own arguments);
         # None on a host without the router.
         **_router_workers(plan),
+        # The per-pair probe (on the router's host, unless pdnode_pair_probe_interval_s is 0):
+        # PdPairFailing fires after three failed probes in a row; PdPairProbeStale when no
+        # probe has written for three intervals and its own timeout.
+        "pair_probe": "true" if probe else None,
+        "pair_probe_service": probe["service"] if probe else None,
+        "pair_probe_for": _duration(60 * -(-3 * probe["interval_s"] // 60)) if probe else None,
+        "pair_probe_stale_s": str(3 * probe["interval_s"] + probe["spec"]["timeout_s"]) if probe else None,
         **{f"job_{role}": job for role, job in SCRAPE_JOBS.items()},
     }
     for key in RULE_THRESHOLDS:
@@ -298,11 +307,19 @@ def dcgm_counters(default_csv: str, extra: tuple[str, ...] = DCGM_EXTRA_FIELDS) 
         " switched on (roles/monitoring).\n" + "\n".join(lines) + "\n"
 
 
+def pair_probe(plan: dict[str, Any]) -> dict[str, Any] | None:
+    """The per-pair probe this host runs (pdnode.node.pair_probe), or None."""
+    return (plan["services"].get("router") or {}).get("pair_probe")
+
+
 def role_facts(plan: dict[str, Any]) -> dict[str, Any]:
     """What the monitoring role takes from here rather than spelling it again."""
+    probe = pair_probe(plan)
     return {
         "gpu_host": gpu_host(plan),
-        "node_exporter_flags": list(NODE_EXPORTER_FLAGS),
+        # the probe's metrics reach Prometheus through the node exporter's textfile collector
+        "node_exporter_flags": list(NODE_EXPORTER_FLAGS)
+        + ([f"--collector.textfile.directory={probe['textfile_dir']}"] if probe else []),
         "dcgm_extra_fields": list(DCGM_EXTRA_FIELDS),
         "rules_file": RULES_FILE,
         "jobs": scrape_jobs(plan),

@@ -334,6 +334,11 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     if isinstance(v["pdnode_drain_timeout_s"], int) and v["pdnode_drain_timeout_s"] < 1:
         c.error("drain-timeout-positive", "pdnode_drain_timeout_s", v["pdnode_drain_timeout_s"],
                 "must be at least 1 (seconds a planned stop waits for the instance's requests)", "use e.g. 300")
+    probe = v["pdnode_pair_probe_interval_s"]
+    if isinstance(probe, int) and probe != 0 and not PAIR_PROBE_MIN_INTERVAL_S <= probe <= 3600:
+        c.error("pair-probe-interval-range", "pdnode_pair_probe_interval_s", probe,
+                f"must be 0 (no probe) or {PAIR_PROBE_MIN_INTERVAL_S}-3600 seconds (each run sends a request to "
+                f"every pair, and waits for each at most {PAIR_PROBE_TIMEOUT_S} s)", "use e.g. 60")
     for name in ("pdnode_sim_prefill_ms_per_token", "pdnode_sim_decode_ms_per_token", "pdnode_sim_startup_s",
                  "pdnode_sim_decode_ms_per_request", "pdnode_sim_max_running_per_rank", "pdnode_sim_kv_bytes_per_token"):
         floor = 1 if BY_NAME[name].kind == "int" else 0
@@ -784,6 +789,37 @@ def _router_service(v: dict[str, Any], everywhere: dict[str, Any], install: dict
         # (docs/decisions.md, "The router's worker list changes without a restart").
         "live_args": ["prefill", "decode"],
         "bound_to": None, "upholds": [], "restart_delay_s": None,
+        **({"pair_probe": _pair_probe(v, install, engines, key)} if v["pdnode_pair_probe_interval_s"] else {}),
+    }
+
+
+# Each probe waits this long for a pair at most (a one-token request: milliseconds on a
+# working pair; long enough that a queue behind heavy load is not taken for a broken pair,
+# which the TTFT alerts name instead). The timer starts the next run this long after the
+# last one ended, so runs never overlap.
+PAIR_PROBE_TIMEOUT_S = 60
+PAIR_PROBE_MIN_INTERVAL_S = 30
+
+
+def _pair_probe(v: dict[str, Any], install: dict[str, str], engines: dict[str, dict[str, Any]],
+                key: list[str]) -> dict[str, Any]:
+    """The per-pair probe (pdnode.node.pair_probe) the router's host runs on a timer: no
+    metric of SGLang or the router names a failing prefill-decode pair (field failure 4,
+    sglang#13054). Its spec names the key file, never the key."""
+    prefix, cfg = install["prefix"], install["config_dir"]
+    spec_file = f"{cfg}/pair-probe.json"
+    # where it writes its metrics and the host's node exporter reads them (its textfile
+    # collector): the probe unit's StateDirectory=, readable by the exporter's user
+    textfile_dir = f"/var/lib/{prefix}-metrics"
+    return {
+        "service": f"{prefix}-pair-probe.service", "timer": f"{prefix}-pair-probe.timer",
+        "interval_s": v["pdnode_pair_probe_interval_s"], "textfile_dir": textfile_dir,
+        "spec_file": spec_file,
+        "spec": {"engines": [{k: e[k] for k in ("id", "role", "url", "bootstrap_port") if k in e}
+                             for e in engines.values()],
+                 "api_key_file": install["api_key_path"] if key else None, "timeout_s": PAIR_PROBE_TIMEOUT_S,
+                 "out": f"{textfile_dir}/pairs.prom"},
+        "exec": [install["router_python"], "-m", "pdnode.node.pair_probe", "--spec", spec_file],
     }
 
 

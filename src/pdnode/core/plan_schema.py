@@ -51,6 +51,17 @@ class Install(TypedDict):
     kv_check_tool: str
 
 
+class PairProbe(TypedDict):
+    """The timer on the router's host that sends one request to every prefill-decode pair."""
+    service: str  # the oneshot unit the timer starts
+    timer: str
+    interval_s: int
+    textfile_dir: str  # its StateDirectory=, read by the node exporter's textfile collector
+    spec_file: str
+    spec: dict[str, Any]  # pdnode.node.pair_probe's (engines, api_key_file, timeout_s, out)
+    exec: list[str]
+
+
 class Service(TypedDict):
     """One systemd service of this host: an engine instance or the router."""
     id: str
@@ -77,6 +88,9 @@ class Service(TypedDict):
     post_start: NotRequired[list[str]]
     reconcile_spec_file: NotRequired[str]
     reconcile_spec: NotRequired[dict[str, Any]]
+    # router only, unless pdnode_pair_probe_interval_s is 0: the per-pair probe its host
+    # runs on a timer (pdnode.node.pair_probe)
+    pair_probe: NotRequired[PairProbe]
 
 
 class ClusterEngine(TypedDict):

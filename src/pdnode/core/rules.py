@@ -63,6 +63,8 @@ RULES: tuple[Rule, ...] = (
     Rule("served-name-pattern", "error", "`pdnode_model_served_name` holds only letters, digits and `. _ / @ + -` (SGLang reserves `:` for model:adapter)"),
     Rule("gpu-model-name", "error", "`pdnode_gpu_model` is a GPU name as nvidia-smi prints it"),
     Rule("gpu-count-positive", "error", "`pdnode_gpu_count` is at least 1"),
+    Rule("pair-probe-interval-range", "error", "`pdnode_pair_probe_interval_s` is 0 (no probe) or 30-3600 "
+         "seconds"),
     Rule("drain-timeout-positive", "error", "`pdnode_drain_timeout_s` is at least 1"),
     Rule("sim-value-range", "error", "a stand-in knob (`pdnode_sim_*`) is a time of 0 or more, or a count of 1 "
          "or more"),

@@ -326,6 +326,10 @@ def targets(plan: dict[str, Any]) -> dict[str, Any]:
     install = plan.get("install") or {}
     services = [s for s in (plan.get("services") or {}).values() if isinstance(s, dict)]
     units = [str(s["unit"]) for s in services if s.get("unit")]
+    # the per-pair probe beside the router: its units, and the metrics it last wrote
+    probe = next((s["pair_probe"] for s in services if isinstance(s.get("pair_probe"), dict)), None)
+    if probe:
+        units += [str(probe[k]) for k in ("timer", "service") if probe.get(k)]
     if install.get("target"):
         units.append(install["target"])
     metrics: list[tuple[str, str]] = []
@@ -352,6 +356,7 @@ def targets(plan: dict[str, Any]) -> dict[str, Any]:
              for k in ("config", "env_file") if isinstance(svc.get(k), str) and svc[k]]
     return {
         "units": units,
+        "pair_probe_out": str((probe.get("spec") or {}).get("out") or "") or None if probe else None,
         "config_dir": install.get("config_dir"),
         "service_files": files,
         "key_files": [p for p in (install.get("api_key_path"), install.get("admin_key_path")) if p],
@@ -622,9 +627,12 @@ def collect_host(plan: dict[str, Any], host: str, root: Path, *, deadline_s: flo
     b.add("config/key-files.json", (json.dumps(keys_doc, indent=2) + "\n").encode(),
           {"command": ["lstat", *t["key_files"]]})
 
-    # The services' own view: metrics of every instance and the router, the router's workers.
+    # The services' own view: metrics of every instance and the router, the router's workers,
+    # and what the per-pair probe last found of every pair.
     for sid, url in t["metrics"]:
         b.http(f"http/{_safe(sid)}.metrics.txt", url)
+    if t.get("pair_probe_out"):
+        b.read_file("http/pair-probe.prom.txt", t["pair_probe_out"], "text")
     if t["workers"]:
         admin = read_key_value(t["admin_key_path"]) if t["admin_key_path"] else None
         if admin is None:

@@ -10,6 +10,11 @@ is blacklisted and that pair answers 500 until SGLang's failed-session probe lif
 (sglang#13054; docs/field-failures.md row 4). A systemd timer on the router's host runs
 this every pdnode_pair_probe_interval_s (roles/pd_services).
 
+Only pairs of two engines that answer /health are probed: a pair with an engine that is
+down, loading or restarting (a deploy, an upgrade, a crash) is skipped and said so
+(pdnode_pair_probe_skipped 1); PdServiceNotActive and the router's alerts name that
+engine. What is left is the failure the alert is for: both engines healthy, the pair not.
+
 Each pair gets what the router sends for a request (pdnode.verify.checks_disagg sends the
 same once per verify): one /generate body with the prefill's bootstrap host and port and a
 random room, to the prefill and to the decode at once. All pairs are probed at the same
@@ -18,7 +23,8 @@ both answered HTTP 200 and the decode's answer is a JSON object (or a list of on
 text and no `error`; anything else is a failure, and its reason goes to stderr (the
 journal) as one line naming the pair. The metrics:
 
-    pdnode_pair_probe_success{prefill="prefill-0",decode="decode-0"} 1
+    pdnode_pair_probe_skipped{prefill="prefill-0",decode="decode-0"} 0
+    pdnode_pair_probe_success{prefill="prefill-0",decode="decode-0"} 1      (probed pairs only)
     pdnode_pair_probe_duration_seconds{prefill="prefill-0",decode="decode-0"} 0.041
     pdnode_pair_probe_last_run_timestamp_seconds 1796000000.0
 
@@ -49,6 +55,7 @@ from urllib.parse import urlsplit
 
 PROMPT = "pdnode pair probe: say one word."
 DETAIL_CHARS = 200
+HEALTH_TIMEOUT_S = 20.0  # SGLang's /health answers 503 by itself after 20 s without progress
 
 
 class SpecError(ValueError):
@@ -66,6 +73,7 @@ class Pair:
     ok: bool = False
     why: str = "not sent"
     seconds: float = 0.0
+    skipped: str = ""  # why the pair was not probed ('' when it was)
 
 
 def pairs_of(engines: list[dict[str, Any]]) -> list[Pair]:
@@ -123,6 +131,18 @@ def judge(prefill: tuple[int, bytes, str], decode: tuple[int, bytes, str]) -> st
     return ""
 
 
+def health(url: str) -> str:
+    """'' when URL/health answers 200, else why not (SGLang serves it without the API key)."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=HEALTH_TIMEOUT_S) as resp:  # noqa: S310 - http(s) only
+            return "" if resp.status == 200 else f"/health HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return f"/health HTTP {exc.code}"
+    except (TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"/health: {type(reason).__name__}: {reason}"[:DETAIL_CHARS]
+
+
 def probe(pair: Pair, key: str, timeout: float) -> None:
     body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
             "bootstrap_host": pair.bootstrap_host, "bootstrap_port": pair.bootstrap_port,
@@ -149,14 +169,20 @@ def _label(value: str) -> str:
 
 
 def metrics_text(pairs: list[Pair], now: float) -> str:
-    lines = ["# HELP pdnode_pair_probe_success 1 when the last probe of this prefill-decode pair was served, else 0.",
-             "# TYPE pdnode_pair_probe_success gauge"]
-    lines += [f'pdnode_pair_probe_success{{prefill="{_label(p.prefill)}",decode="{_label(p.decode)}"}} {int(p.ok)}'
-              for p in pairs]
+    def labels(p: Pair) -> str:
+        return f'{{prefill="{_label(p.prefill)}",decode="{_label(p.decode)}"}}'
+
+    probed = [p for p in pairs if not p.skipped]
+    lines = ["# HELP pdnode_pair_probe_skipped 1 when this pair was not probed: one of its engines did not answer "
+             "/health.",
+             "# TYPE pdnode_pair_probe_skipped gauge"]
+    lines += [f"pdnode_pair_probe_skipped{labels(p)} {int(bool(p.skipped))}" for p in pairs]
+    lines += ["# HELP pdnode_pair_probe_success 1 when the last probe of this prefill-decode pair was served, else 0.",
+              "# TYPE pdnode_pair_probe_success gauge"]
+    lines += [f"pdnode_pair_probe_success{labels(p)} {int(p.ok)}" for p in probed]
     lines += ["# HELP pdnode_pair_probe_duration_seconds How long the last probe of this pair took.",
               "# TYPE pdnode_pair_probe_duration_seconds gauge"]
-    lines += [f'pdnode_pair_probe_duration_seconds{{prefill="{_label(p.prefill)}",decode="{_label(p.decode)}"}} '
-              f"{p.seconds:.3f}" for p in pairs]
+    lines += [f"pdnode_pair_probe_duration_seconds{labels(p)} {p.seconds:.3f}" for p in probed]
     lines += ["# HELP pdnode_pair_probe_last_run_timestamp_seconds When the last probe of every pair ended.",
               "# TYPE pdnode_pair_probe_last_run_timestamp_seconds gauge",
               f"pdnode_pair_probe_last_run_timestamp_seconds {now:.3f}"]
@@ -224,22 +250,40 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         print(f"pair probe: {exc}", file=sys.stderr)
         return 2
-    threads = [threading.Thread(target=probe, args=(p, key, timeout), daemon=True) for p in pairs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    urls = sorted({p.prefill_url for p in pairs} | {p.decode_url for p in pairs})
+    healthy = dict(zip(urls, _each(health, [(u,) for u in urls])))
+    for p in pairs:
+        p.skipped = "; ".join(f"{who} {why}" for who, url in ((p.prefill, p.prefill_url), (p.decode, p.decode_url))
+                              if (why := healthy[url]))
+    _each(probe, [(p, key, timeout) for p in pairs if not p.skipped])
     try:
         write_atomically(out, metrics_text(pairs, time.time()))
     except OSError as exc:
         print(f"pair probe: cannot write {out}: {exc.strerror}", file=sys.stderr)
         return 2
     for p in pairs:
-        if not p.ok:
+        if p.skipped:
+            print(f"pair {p.prefill} + {p.decode} not probed: {p.skipped}", file=sys.stderr)
+        elif not p.ok:
             print(f"pair {p.prefill} + {p.decode} failed in {p.seconds:.2f} s: {p.why}", file=sys.stderr)
     served = sum(p.ok for p in pairs)
-    print(f"{served} of {len(pairs)} pairs served")
-    return 0 if served == len(pairs) else 1
+    skipped = sum(bool(p.skipped) for p in pairs)
+    print(f"{served} of {len(pairs)} pairs served" + (f", {skipped} not probed" if skipped else ""))
+    return 0 if served + skipped == len(pairs) else 1
+
+
+def _each(fn, calls: list[tuple]) -> list:
+    """FN(*args) for every ARGS at once, one thread each; their answers in order."""
+    answers: list = [None] * len(calls)
+
+    def run(i: int) -> None:
+        answers[i] = fn(*calls[i])
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers
 
 
 if __name__ == "__main__":
