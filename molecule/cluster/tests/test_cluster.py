@@ -37,8 +37,9 @@ ROUTER = f"http://{ADDRESS['pd-router']}:8000"
 PREFIX = "sglang-pd"
 KEY = (REPO / "molecule" / "node" / "files" / "test-api-key").read_text().strip()
 LOAD = "/var/tmp/pdnode-upgrade-load"  # on pd-router: probe.py, loadgen.py, result.json, pid
+# the per-pair probe's timer runs beside the router, and only there
 RUNS = {"pd-prefill": [f"{PREFIX}-prefill-0.service"], "pd-decode": [f"{PREFIX}-decode-0.service"],
-        "pd-router": [f"{PREFIX}-router.service"]}
+        "pd-router": [f"{PREFIX}-router.service", f"{PREFIX}-pair-probe.timer"]}
 
 
 def on(name: str):
@@ -109,6 +110,13 @@ def test_each_host_runs_only_its_part(name):
     for unit in others:
         assert not host.file(f"/etc/systemd/system/{unit}").exists, f"{unit} rendered on {name}"
     assert host.service(f"{PREFIX}-firewall.service").is_running
+
+
+def test_the_pair_probe_beside_the_router_serves_the_pair_across_hosts():
+    router = on("pd-router")
+    router.check_output(f"systemctl start {PREFIX}-pair-probe.service")  # a oneshot: returns when done
+    text = router.check_output(f"cat /var/lib/{PREFIX}-metrics/pairs.prom")
+    assert 'pdnode_pair_probe_success{prefill="prefill-0",decode="decode-0"} 1' in text, text
 
 
 def test_workers_listen_on_their_hosts_address_only():
