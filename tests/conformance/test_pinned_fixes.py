@@ -10,6 +10,10 @@ new pin that drops the fix fails here, naming the row, before a node meets the f
   its listeners out of (pdnode.core.ports.REPLICA_NCCL_DRAW), and still cannot share a
   pinned one.
 
+- Row 16 (sglang#21395): the Mooncake transfer engine advertises get_local_ip_auto(), which
+  takes SGLANG_HOST_IP before any guess from the host's NICs (the plan sets it to the
+  host's address of a layout over hosts).
+
 And what it still gets wrong, behind a refusal of the plan:
 
 - Row 13 (llm-d#2433): prefill and decode of a non-MLA hybrid model at different attention
@@ -217,3 +221,30 @@ def test_row_13_hybrid_state_is_sliced_between_attention_tp_sizes_but_block_scal
                  for c in ast.walk(n.test) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
     assert chosen_by == set(BLOCK_SCALED_KV_DTYPES), f"the MXFP8 pool is chosen by {chosen_by} now"
     assert BY_ID["disagg-attn-tp-block-scaled-kv"].severity == "error"
+
+
+HOST_IP = """
+import ast, inspect, json
+import sglang.srt.distributed.device_communicators.mooncake_transfer_engine as te
+from sglang.srt.utils.network import get_local_ip_auto
+tree = ast.parse(inspect.getsource(te.maybe_init_shared_mooncake_transfer_engine))
+hostnames = [ast.unparse(k.value) for c in ast.walk(tree) if isinstance(c, ast.Call)
+             and getattr(c.func, "id", None) == "init_mooncake_transfer_engine" for k in c.keywords if k.arg == "hostname"]
+print(json.dumps({"auto": get_local_ip_auto(), "hostnames": hostnames}))
+"""
+
+
+def test_row_16_the_transfer_engine_advertises_the_plans_host_address(sglang_env):
+    import os
+
+    from pdnode.core import kv_path
+
+    assert kv_path.ADDRESS_VARIABLE == "SGLANG_HOST_IP"
+    r = subprocess.run([str(sglang_env), "-c", HOST_IP], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "SGLANG_HOST_IP": "10.20.0.11"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    # the address SGLang takes is the variable's, whatever the NICs say, and the shared
+    # transfer engine of a PD engine is made with it
+    assert seen == {"auto": "10.20.0.11", "hostnames": ["get_local_ip_auto()"]}, \
+        "row 16: the Mooncake transfer engine no longer advertises SGLANG_HOST_IP's address"
