@@ -294,10 +294,12 @@ def test_upgrade_switches_one_host_at_a_time_verifying_the_layout_from_each(tmp_
         assert report["verify"]["verify"] == {"passed": True, "failed_checks": []}, (name, report["verify"])
         assert report["to_venv"].endswith(f"-cu13-{new_pin}"), report["to_venv"]
         for unit in RUNS[name]:
+            # a timer runs nothing itself: the per-pair probe's service is what it starts
+            unit = unit.removesuffix(".timer") + ".service" if unit.endswith(".timer") else unit
             exec_start = on(name).check_output(f"systemctl show -p ExecStart --value {unit}")
-            if unit == router_unit:
-                # the router runs from its own venv (package and version): the release that
-                # keeps the router leaves it running, the same process
+            if unit in (router_unit, f"{PREFIX}-pair-probe.service"):
+                # the router (and the probe beside it) runs from its own venv (package and
+                # version): the release that keeps the router leaves it running, the same process
                 assert "/venvs/router-" in exec_start, exec_start
                 continue
             assert f"-cu13-{new_pin}/bin/python" in exec_start, (name, unit)
