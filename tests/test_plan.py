@@ -491,6 +491,8 @@ def test_cli_explain_table():
     assert lines[3].startswith("prefill-1") and ":8999 (bootstrap)" in lines[3]
     assert "attn-DP 4 (attn-TP 1), EP 4" in lines[4] and ":30234-30240 (internal)" in lines[4]
     assert lines[5].startswith("router")
+    # 2P1D: two pairs for the per-pair probe beside the router
+    assert "sglang-pd-pair-probe.timer sends one request to each prefill-decode pair (2) every 60 s" in r.stdout
 
 
 def test_check_does_not_load_the_verifier():

@@ -206,6 +206,12 @@ def _explain_host(plan: Plan) -> None:
     bound = [s["id"] for s in plan.engines("decode") if s["bound_to"]]
     if bound:
         print(f"{', '.join(bound)} restart{'s' * (len(bound) == 1)} with the one prefill (docs/decisions.md).")
+    probe = plan.services.get("router", {}).get("pair_probe")
+    if probe:
+        pairs = len([e for e in plan.cluster["engines"].values() if e["role"] == "prefill"]) * \
+            len([e for e in plan.cluster["engines"].values() if e["role"] == "decode"])
+        print(f"{probe['timer']} sends one request to each prefill-decode pair ({pairs}) every "
+              f"{probe['interval_s']} s (the per-pair probe; alert PdPairFailing; docs/monitoring.md).")
     fw = plan.firewall
     if fw["enabled"]:
         print(f"firewall: only {', '.join(fw['peers'])} reach{'es' * (len(fw['peers']) == 1)} these engines' ports"
