@@ -10,6 +10,9 @@ new pin that drops the fix fails here, naming the row, before a node meets the f
   its listeners out of (pdnode.core.ports.REPLICA_NCCL_DRAW), and still cannot share a
   pinned one.
 
+- Row 17 (sglang#27666): a decode with its radix cache and its KV offload both on releases
+  a finished request's rows past the tree's protected prefix only, and unlocks the tree,
+  where it used to free the prefix too and drive the protected count below zero.
 - Row 16 (sglang#21395): the Mooncake transfer engine advertises get_local_ip_auto(), which
   takes SGLANG_HOST_IP before any guess from the host's NICs (the plan sets it to the
   host's address of a layout over hosts).
@@ -248,3 +251,15 @@ def test_row_16_the_transfer_engine_advertises_the_plans_host_address(sglang_env
     # transfer engine of a PD engine is made with it
     assert seen == {"auto": "10.20.0.11", "hostnames": ["get_local_ip_auto()"]}, \
         "row 16: the Mooncake transfer engine no longer advertises SGLANG_HOST_IP's address"
+
+
+def test_row_17_a_finished_requests_offload_release_leaves_the_trees_prefix_alone(pinned):
+    path = Path(pinned["mooncake"]).parents[1] / "decode_kvcache_offload_manager.py"
+    release = _function(ast.parse(path.read_text(encoding="utf-8")), "_release_finished_req")
+    # no raw change of the tree's protected count (the negative protected size)
+    assert "protected_size_" not in _attrs(release), "row 17: the release touches protected_size_ again"
+    # the rows freed start past the protected prefix, and the tree's lock is given back
+    frees = [c for c in ast.walk(release) if isinstance(c, ast.Call) and getattr(c.func, "attr", "") == "free_kv_row"]
+    assert frees and all("cache_protected_len" in ast.unparse(c.args[1]) for c in frees), \
+        [ast.unparse(c) for c in frees]
+    assert calls_in(str(path), "unlock").get("_release_finished_req"), "row 17: the release no longer unlocks the tree"
