@@ -55,6 +55,11 @@ REFUSED = {
     "retraction_backup_on_prefill": ({"prefill": {"disaggregation_decode_retraction_backup": "host_pool"}},
                                      "only supported on a PD decode server"),
     "pd_role_switch_with_ep": ({"decode": {"enable_pd_role_switch": True}}, "expert parallelism"),
+    # docs/field-failures.md row 18: refused for every algorithm but EAGLE, EAGLE3 and DSPARK
+    "decode_radix_cache_with_speculation": ({"decode": {"disaggregation_decode_enable_radix_cache": True,
+                                                        "speculative_algorithm": "NGRAM"}},
+                                            "--disaggregation-decode-enable-radix-cache is incompatible with "
+                                            "speculative decoding"),
 }
 ACCEPTED = {
     "kv_cache_fp8": {"prefill": {"kv_cache_dtype": "fp8_e4m3"}, "decode": {"kv_cache_dtype": "fp8_e4m3"}},
@@ -135,7 +140,8 @@ def test_a_gpu_generation_rule_is_could_not_judge_not_a_refusal(judged):
     assert not decode.accepted and sglang_judge.depends_on_the_machine(decode.reason), decode
 
 
-@pytest.mark.parametrize("case", ["chunked_prefill_not_multiple_of_page", "pd_role_switch_with_ep"])
+@pytest.mark.parametrize("case", ["chunked_prefill_not_multiple_of_page", "pd_role_switch_with_ep",
+                                  "decode_radix_cache_with_speculation"])
 def test_check_prints_the_refusal_in_one_line_per_instance(judged, tmp_path, case):
     env, _ = judged
     extra, reason = REFUSED[case]
