@@ -74,13 +74,46 @@ def dp_attention_clear(ports: Sequence[int], dp_attention_at: Sequence[int]) -> 
     return not taken & set(ports) and all(ports[i] + 239 <= 65535 for i in dp_attention_at)
 
 
-def _bind_free(n: int) -> list[int]:
-    socks = []
+# Where the test nodes listen: below the kernel's ephemeral range, whose ports any
+# outgoing connection on the machine may take between a draw and a late bind (a router
+# started after its engines lost its port that way to a busy CI: "Address already in
+# use"), and below SGLang's DP replicas' NCCL draw (22000-29999, pdnode.core.ports), where
+# the plan warns; +239 leaves room for a DP-attention instance's internal ports.
+LISTEN_PORTS = range(10000, 21760)
+
+
+def _listen_ports() -> range:
     try:
-        for _ in range(n):
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    return range(LISTEN_PORTS.start, min(LISTEN_PORTS.stop, ephemeral_low))
+
+
+def _bind_free(n: int) -> list[int]:
+    """N distinct ports of LISTEN_PORTS that bind now (held together, then released)."""
+    import random
+
+    pool = _listen_ports()
+    draw = random.SystemRandom()
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(200 * n):
+            if len(socks) == n:
+                break
+            port = draw.choice(pool)
+            if any(s.getsockname()[1] == port for s in socks):
+                continue
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
+        if len(socks) < n:
+            raise NodeError(f"no {n} free ports in {pool.start}-{pool.stop - 1}")
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
