@@ -174,7 +174,8 @@ def cases(plan: dict[str, Any], rules: dict[str, dict[str, Any]]) -> list[dict[s
              [series("pdnode_pair_probe_success", pair, f"1x5 0x{probes - 2} 1x20")], [(f"{probes + 6}m", [])])
         case("PdPairFailing", "a pair not probed (an engine down: no success series) does not fire",
              [series("pdnode_pair_probe_skipped", pair, "1x20")], [("15m", [])])
-        stale_min = -(-int(rules["PdPairProbeStale"]["expr"].split("> ")[1].split()[0]) // 60)
+        probe = monitoring.pair_probe(plan)
+        stale_min = -(-(3 * probe["interval_s"] + probe["spec"]["timeout_s"]) // 60)
         ran = {**target["node"]}
         case("PdPairProbeStale", "a probe that stopped writing fires after its staleness and 5m",
              [series("pdnode_pair_probe_last_run_timestamp_seconds", ran, "60+60x9 600x40"),

@@ -105,6 +105,7 @@ OK = (200, b'{"text": "yes", "meta_info": {}}', "")
     (OK, (200, b"<html>", ""), "decode: HTTP 200 but not JSON: <html>"),
     (OK, (200, b"[]", ""), "decode: HTTP 200 but not a JSON object: []"),
     (OK, (200, b'{"error": {"message": "KV lost"}}', ""), 'decode: HTTP 200 carrying an error: {"message": "KV lost"}'),
+    ((200, b'{"error": "bootstrap failed"}', ""), OK, 'prefill: HTTP 200 carrying an error: "bootstrap failed"'),
     (OK, (200, b'{"text": ""}', ""), 'decode: HTTP 200 without generated text: {"text": ""}'),
 ])
 def test_each_answer_is_judged(prefill, decode, why):
@@ -116,8 +117,9 @@ def test_labels_are_escaped_and_the_file_replaced_whole(tmp_path):
     text = pair_probe.metrics_text([p], 1.5)
     # a skipped pair has no success and no duration: only the probed ones are judged
     skipped = pair_probe.Pair("p", "d", "u", "v", "h", 1, skipped="d /health HTTP 503")
-    assert "pdnode_pair_probe_success" not in pair_probe.metrics_text([skipped], 1.5).replace(
-        "# HELP pdnode_pair_probe_success", "").replace("# TYPE pdnode_pair_probe_success", "")
+    samples = [ln for ln in pair_probe.metrics_text([skipped], 1.5).splitlines() if not ln.startswith("#")]
+    assert [ln.split("{")[0].split(" ")[0] for ln in samples] == ["pdnode_pair_probe_skipped",
+                                                    "pdnode_pair_probe_last_run_timestamp_seconds"], samples
     assert 'pdnode_pair_probe_success{prefill="pre\\"fill",decode="de\\\\code"} 1' in text
     out = tmp_path / "pairs.prom"
     out.write_text("old")

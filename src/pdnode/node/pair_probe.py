@@ -19,8 +19,8 @@ Each pair gets what the router sends for a request (pdnode.verify.checks_disagg 
 same once per verify): one /generate body with the prefill's bootstrap host and port and a
 random room, to the prefill and to the decode at once. All pairs are probed at the same
 time, so a pair that hangs costs its own timeout, not the others'. A pair succeeded when
-both answered HTTP 200 and the decode's answer is a JSON object (or a list of one) with
-text and no `error`; anything else is a failure, and its reason goes to stderr (the
+both answered HTTP 200, neither answer carries `error`, and the decode's is a JSON
+object (or a list of one) with text; anything else is a failure, and its reason goes to stderr (the
 journal) as one line naming the pair. The metrics:
 
     pdnode_pair_probe_skipped{prefill="prefill-0",decode="decode-0"} 0
@@ -116,6 +116,15 @@ def judge(prefill: tuple[int, bytes, str], decode: tuple[int, bytes, str]) -> st
             return f"{who}: no answer ({error})"
         if status != 200:
             return f"{who}: HTTP {status}: {_snippet(body)}"
+    # SGLang answers a failure after admission with HTTP 200 and an `error` (either side)
+    for who, (_, body, _) in (("prefill", prefill), ("decode", decode)):
+        try:
+            data = json.loads(body)
+        except ValueError:
+            continue
+        first = data[0] if isinstance(data, list) and data else data
+        if isinstance(first, dict) and first.get("error"):
+            return f"{who}: HTTP 200 carrying an error: {_snippet(json.dumps(first['error']).encode())}"
     try:
         data = json.loads(decode[1])
     except ValueError:
@@ -124,8 +133,6 @@ def judge(prefill: tuple[int, bytes, str], decode: tuple[int, bytes, str]) -> st
         data = data[0] if data else None
     if not isinstance(data, dict):
         return f"decode: HTTP 200 but not a JSON object: {_snippet(decode[1])}"
-    if data.get("error"):
-        return f"decode: HTTP 200 carrying an error: {_snippet(json.dumps(data['error']).encode())}"
     if not str(data.get("text") or ""):
         return f"decode: HTTP 200 without generated text: {_snippet(decode[1])}"
     return ""
