@@ -78,21 +78,23 @@ def dp_attention_clear(ports: Sequence[int], dp_attention_at: Sequence[int]) -> 
 # outgoing connection on the machine may take between a draw and a late bind (a router
 # started after its engines lost its port that way to a busy CI: "Address already in
 # use"), and below SGLang's DP replicas' NCCL draw (22000-29999, pdnode.core.ports), where
-# the plan warns; +239 leaves room for a DP-attention instance's internal ports.
-LISTEN_PORTS = range(10000, 21760)
+# the plan warns; 240 below it leaves room for a DP-attention instance's internal ports.
+LISTEN_PORTS_FROM = 10000
 
 
 def _listen_ports() -> range:
+    from pdnode.core.ports import REPLICA_NCCL_DRAW
+
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
             ephemeral_low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         ephemeral_low = 32768
-    return range(LISTEN_PORTS.start, min(LISTEN_PORTS.stop, ephemeral_low))
+    return range(LISTEN_PORTS_FROM, min(REPLICA_NCCL_DRAW.start - 240, ephemeral_low))
 
 
 def _bind_free(n: int) -> list[int]:
-    """N distinct ports of LISTEN_PORTS that bind now (held together, then released)."""
+    """N distinct ports of _listen_ports() that bind now (held together, then released)."""
     import random
 
     pool = _listen_ports()
