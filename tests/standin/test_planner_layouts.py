@@ -153,12 +153,12 @@ def test_predictions_from_1p1d_hold_for_other_layouts(tmp_path):
     measured: Measured = {}
     with layout_node(tmp_path / "1P1D", _variables("1P1D"), env=ENV) as node:
         fit_reports = [closed_loop(node, concurrency=concurrency, input_len=INPUT, output_len=OUTPUT, seconds=seconds)
-                       for concurrency, seconds in ((8, 25), (32, 40))]
+                       for concurrency, seconds in ((8, 15), (32, 25))]
         # the 1P1D run at 32 (fitted) is predicted too: one more layout to order
         measured["1P1D"] = (fit_reports[1], node_ranks(node))
     for name in ("2P1D", "1P2D", *SLOW):
         with layout_node(tmp_path / name, _variables(name), env=ENV) as node:
-            report = closed_loop(node, concurrency=32, input_len=INPUT, output_len=OUTPUT, seconds=45)
+            report = closed_loop(node, concurrency=32, input_len=INPUT, output_len=OUTPUT, seconds=30)
             measured[name] = (report, node_ranks(node))
     params, results = predictions(measured, fit_reports)
     # the benchmark (docs/measurements.md): printed, not asserted
