@@ -96,9 +96,45 @@ def test_preflight_names_the_command_from_its_probe():
     assert "(pid 40 'python3 -m http.server 30001', unit foreign.service)" in p.line
 
 
+PROBE = "sglang-pd-pair-probe.service"
+
+
 def test_expectations_take_the_plans_unit_names():
     plan = build_plan(variables("demo"))
-    assert pf.expectations(plan.as_dict())["own_units"] == sorted(OWN)
+    assert pf.expectations(plan.as_dict())["own_units"] == sorted([*OWN, PROBE])
+    off = build_plan(changed(variables("demo"), {"pdnode_pair_probe_interval_s": 0}))
+    assert pf.expectations(off.as_dict())["own_units"] == sorted(OWN)
+
+
+def test_a_socket_of_the_service_user_is_ours_while_the_pair_probe_runs():
+    """The probe's oneshot runs as the service user: while it runs (a timer, every minute),
+    that uid runs the probe's unit too. A deploy's port check at that moment must still
+    see the engines' sockets as ours (it failed a re-deploy: "owner unknown")."""
+    plan = build_plan(variables("demo")).as_dict()
+    listeners = [{"address": "127.0.0.1", "port": 30000, "pid": None, "unit": None, "uid": 997,
+                  "uid_units": ["sglang-pd-prefill-0.service", PROBE]}]
+    assert pf.port_problems(listeners, {"prefill-0.port": 30000}, pf.own_units(plan)) == []
+    # a unit the plan does not run is still foreign
+    listeners[0]["uid_units"].append("sglang-pd-old.service")
+    assert len(pf.port_problems(listeners, {"prefill-0.port": 30000}, pf.own_units(plan))) == 1
+
+
+@pytest.mark.parametrize("probe_s", [60, 0], ids=["probe", "no-probe"])
+def test_the_deploys_port_check_names_the_same_own_units(probe_s):
+    """pd_services passes --own-unit to `pdnode.core.preflight ports` from its own Jinja
+    (roles/pd_services/vars/main.yml); Ansible's templating of it gives the units
+    own_units gives the preflight."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    plan = build_plan(changed(variables("demo"), {"pdnode_pair_probe_interval_s": probe_s})).as_dict()
+    role, loader = Path(__file__).resolve().parents[1] / "roles" / "pd_services", DataLoader()
+    role_vars = {**loader.load_from_file(str(role / "defaults" / "main.yml"), trusted_as_template=True),
+                 **loader.load_from_file(str(role / "vars" / "main.yml"), trusted_as_template=True),
+                 "pd_services_plan": plan}
+    argv = Templar(loader=loader, variables=role_vars).template(trust_as_template("{{ _pd_services_ports_argv }}"))
+    got = sorted(a.removeprefix("--own-unit=") for a in argv if a.startswith("--own-unit="))
+    assert got == pf.own_units(plan) and (PROBE in got) == bool(probe_s)
 
 
 # --- allocation (pdnode.core.ports) -------------------------------------------------------

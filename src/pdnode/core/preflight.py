@@ -74,7 +74,7 @@ def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None =
             "model_path": s.get("pdnode_model_path"),
             "own_unit_prefix": s.get("pdnode_service_prefix"),
             "engine": (plan.get("install") or {}).get("engine"),
-            "own_units": sorted(svc["unit"] for svc in (plan.get("services") or {}).values()) or None,
+            "own_units": own_units(plan) or None,
             # the KV path the plan chose, and the GPUs of each prefill -> decode pair on this host
             "kv_path": ((plan.get("cluster") or {}).get("kv") or {}).get("path"),
             "kv_gpu_pairs": [[p.get("gpus") or [], d.get("gpus") or []]
@@ -603,6 +603,16 @@ def live_listeners(proc: str = "/proc") -> list[dict[str, Any]]:
         out.append({"address": s["address"], "port": s["port"], "pid": pid, "unit": owner.get("unit"),
                     "command": command or None, "uid": s["uid"], "uid_units": uid_units.get(s["uid"], [])})
     return out
+
+
+def own_units(plan: dict[str, Any]) -> list[str]:
+    """The systemd units the plan runs on this host: the services' and, where the router's
+    host runs it, the per-pair probe's (its process runs as the service user too, so a
+    socket of that user is ours while it runs). Sorted."""
+    services = plan.get("services") or {}
+    units = [svc["unit"] for svc in services.values()]
+    probe = (services.get("router") or {}).get("pair_probe")
+    return sorted(units + ([probe["service"]] if probe else []))
 
 
 def port_problems(listeners: list[dict[str, Any]], ports: dict[str, int], own_units: list[str]) -> list[Problem]:
