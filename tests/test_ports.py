@@ -120,19 +120,23 @@ def test_a_socket_of_the_service_user_is_ours_while_the_pair_probe_runs():
 
 
 @pytest.mark.parametrize("probe_s", [60, 0], ids=["probe", "no-probe"])
-def test_the_deploys_port_check_names_the_same_own_units(probe_s):
-    """pd_services passes --own-unit to `pdnode.core.preflight ports` from its own Jinja
-    (roles/pd_services/vars/main.yml); Ansible's templating of it gives the units
-    own_units gives the preflight."""
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar, trust_as_template
-
+def test_the_deploys_port_check_names_the_same_own_units(probe_s, tmp_path):
+    """pd_services passes --own-unit to `pdnode.core.preflight ports` through the
+    collection's filter (roles/pd_services/vars/main.yml); Ansible, templating the role's
+    variable, gives the units own_units gives the preflight."""
     plan = build_plan(changed(variables("demo"), {"pdnode_pair_probe_interval_s": probe_s})).as_dict()
-    role, loader = Path(__file__).resolve().parents[1] / "roles" / "pd_services", DataLoader()
-    role_vars = {**loader.load_from_file(str(role / "defaults" / "main.yml"), trusted_as_template=True),
-                 **loader.load_from_file(str(role / "vars" / "main.yml"), trusted_as_template=True),
-                 "pd_services_plan": plan}
-    argv = Templar(loader=loader, variables=role_vars).template(trust_as_template("{{ _pd_services_ports_argv }}"))
+    repo = Path(__file__).resolve().parents[1]
+    role = repo / "roles" / "pd_services"
+    (tmp_path / "plan.json").write_text(json.dumps({"pd_services_plan": plan}))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+           "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+                        "-m", "ansible.builtin.debug", "-a", "var=_pd_services_ports_argv",
+                        "-e", f"@{role / 'defaults' / 'main.yml'}", "-e", f"@{role / 'vars' / 'main.yml'}",
+                        "-e", f"@{tmp_path / 'plan.json'}"],
+                       capture_output=True, text=True, env=env, cwd=repo, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    argv = json.loads(r.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]["_pd_services_ports_argv"]
     got = sorted(a.removeprefix("--own-unit=") for a in argv if a.startswith("--own-unit="))
     assert got == pf.own_units(plan) and (PROBE in got) == bool(probe_s)
 

@@ -34,6 +34,11 @@ def pdnode_preflight_expect(plan, overrides=None):
         raise AnsibleFilterError(f"pdnode_preflight_expect: {exc}") from exc
 
 
+def pdnode_own_units(plan):
+    """Plan dict -> the systemd units it runs on this host (they may hold its ports)."""
+    return preflight.own_units(dict(plan))
+
+
 def pdnode_preflight_judge(facts, expect):
     """Facts + expectations -> {ok, errors: [line], warnings: [line], problems: [...]}."""
     try:
@@ -67,6 +72,7 @@ class FilterModule:
             "pdnode_hostfacts": pdnode_hostfacts,
             "pdnode_preflight_expect": pdnode_preflight_expect,
             "pdnode_preflight_judge": pdnode_preflight_judge,
+            "pdnode_own_units": pdnode_own_units,
             "pdnode_pci_scan": pdnode_pci_scan,
             "pdnode_smi_summary": pdnode_smi_summary,
             "pdnode_mooncake_select": pdnode_mooncake_select,
