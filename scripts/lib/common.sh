@@ -3,6 +3,13 @@
 
 repo_root() { cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd; }
 
+# Python caches the bytecode of what it imports (__pycache__/: in .gitignore, the
+# collection's build_ignore and the bundle's exclusions). Some shells turn that off; then
+# every process compiles its imports from source again, and Ansible forks one per task:
+# 40% of a deploy's controller CPU and half of ansible-playbook's start
+# (docs/measurements.md, "Bytecode caches").
+unset PYTHONDONTWRITEBYTECODE
+
 say() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 2; }
 
