@@ -58,3 +58,29 @@ def test_a_stage_that_never_reported_fails_the_summary(tmp_path):
     lines, _ = run_stages(tmp_path, "logged_stage first true; record_unreported first second")
     assert [line.split("(")[0].split() for line in lines] == [["FAIL", "second"], ["ok", "first"]], lines
     assert "never reported" in lines[0]
+
+
+def test_the_stages_write_bytecode_caches(tmp_path):
+    # A caller's PYTHONDONTWRITEBYTECODE made every Ansible fork compile its imports again
+    # (docs/measurements.md, "Bytecode caches"); scripts/lib/common.sh turns caching back on.
+    probe = "import sys; print('dont_write_bytecode', sys.dont_write_bytecode)"
+    lines, log = run_stages(tmp_path, f'logged_stage probe python3 -c "{probe}"', PYTHONDONTWRITEBYTECODE="1")
+    assert lines[0].startswith("ok") and "dont_write_bytecode False" in log, (lines, log)
+
+
+def test_every_scenario_and_python_suite_is_in_exactly_one_lane():
+    """scripts/test's lanes, as its own lane() lists them: each molecule scenario once, and
+    the Python tests split by marker into parts that together select every test once."""
+    text = (REPO / "scripts" / "test").read_text()
+    functions = text[text.index("lint_stages() {"):text.index("if $quick; then")]
+    script = (f"cd {REPO}; pytest=(PYTEST); molecule_test=(MOLECULE); {functions}\n"
+              "show() { printf '%s\\t%s\\n' \"$1\" \"${*:2}\"; }\n"
+              "for n in 1 2 3 4; do lane $n show | sed \"s/^/$n\\t/\"; done")
+    out = subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout
+    stages = [line.split("\t") for line in out.splitlines()]
+    scenarios = [cmd.split()[-1] for _, _, cmd in stages if cmd.startswith("MOLECULE")]
+    assert sorted(scenarios) == sorted(p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml"))
+    markers = [cmd.split("-m ")[1].split(" tests")[0] for _, _, cmd in stages if cmd.startswith("PYTEST")]
+    assert sorted(markers) == sorted(["not conformance and not integration", "integration and not conformance",
+                                      "conformance"]), markers
+    assert {lane for lane, _, _ in stages} == {"1", "2", "3", "4"}
