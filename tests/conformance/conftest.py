@@ -10,9 +10,11 @@ Fixtures
   sglang_env         path of the validator's python (builds the environment once)
   sglang_check       fn(serverargs: dict, name="case", extra=None) -> (accepted: bool, message: str)
                      (extra: more launcher options, e.g. ["--api-key-file", path])
-  sglang_check_many  fn({name: serverargs}) -> {name: (accepted, message)}; one SGLang
-                     import for all of them (each file is still judged in its own
-                     forked process)
+  sglang_check_many  fn({name: serverargs}) -> {name: (accepted, message)} (each file is
+                     judged in its own forked process)
+  sglang_run         fn(["-m", MODULE | "-c", CODE, ARG...], env=None) -> CompletedProcess:
+                     what `sglang_env ARG...` would do, run by forkserver.py, which
+                     imports SGLang once for the whole session (a run each forked child)
 `message` is the launcher's verdict line, e.g.
   "REJECTED: decode.json: AssertionError: 'assert cfg.tp_size % cfg.attn_dp_size == 0' (...)"
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import selectors
 import subprocess
 import tempfile
 from pathlib import Path
@@ -64,7 +67,58 @@ def sglang_env() -> Path:
     return python
 
 
-def _run_check(python: Path, cases: dict[str, dict], extra: list[str] | None = None):
+class ForkServer:
+    """forkserver.py in the validator's Python: SGLang imported once, each run forked."""
+
+    def __init__(self, python: Path, workdir: Path):
+        self.workdir = workdir
+        self.log = workdir / "forkserver.log"
+        self.env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen([str(python), str(HERE / "forkserver.py")], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=log, text=True, env=self.env)
+        self.runs = 0
+        self._answer("start")
+
+    def _answer(self, what: str) -> str:
+        """The server's next line; a failure naming WHAT when it died or stayed silent."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            if selector.select(CHECK_TIMEOUT_S):
+                line = self.process.stdout.readline()
+                if line:
+                    return line.strip()
+        self.process.kill()
+        pytest.fail(f"the SGLang fork server gave no answer to {what} (exit {self.process.poll()}); "
+                    f"its log:\n{_tail(self.log.read_text())}", pytrace=False)
+
+    def run(self, argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+        self.runs += 1
+        out, err = self.workdir / f"run-{self.runs}.out", self.workdir / f"run-{self.runs}.err"
+        request = {"argv": [str(a) for a in argv], "env": {**self.env, **(env or {})},
+                   "stdout": str(out), "stderr": str(err)}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        code = int(self._answer(" ".join(request["argv"])[:200]))
+        return subprocess.CompletedProcess(argv, code, out.read_text(errors="replace"), err.read_text(errors="replace"))
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+@pytest.fixture(scope="session")
+def sglang_run(sglang_env):
+    with tempfile.TemporaryDirectory(prefix="pdnode-forkserver-") as tmp:
+        server = ForkServer(sglang_env, Path(tmp))
+        yield server.run
+        server.close()
+
+
+def _run_check(run, cases: dict[str, dict], extra: list[str] | None = None):
     bad = [n for n in cases if not re.fullmatch(r"[A-Za-z0-9_.-]+", n)]
     assert not bad, f"case names must be file-name safe: {bad}"
     with tempfile.TemporaryDirectory(prefix="pdnode-conformance-") as tmp:
@@ -73,14 +127,7 @@ def _run_check(python: Path, cases: dict[str, dict], extra: list[str] | None = N
             path = Path(tmp) / f"{name}.json"
             path.write_text(json.dumps(serverargs, indent=2))
             paths.append(str(path))
-        env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-        r = subprocess.run(
-            [str(python), "-m", "pdnode.node.launcher", "--check", *(extra or []), *paths],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=CHECK_TIMEOUT_S,
-        )
+        r = run(["-m", "pdnode.node.launcher", "--check", *(extra or []), *paths])
     lines = r.stdout.strip().splitlines()
     verdicts = {}
     for name in cases:
@@ -101,9 +148,9 @@ def _run_check(python: Path, cases: dict[str, dict], extra: list[str] | None = N
 
 
 @pytest.fixture(scope="session")
-def sglang_check_many(sglang_env):
+def sglang_check_many(sglang_run):
     def check_many(cases: dict[str, dict], extra: list[str] | None = None):
-        return _run_check(sglang_env, cases, extra)
+        return _run_check(sglang_run, cases, extra)
 
     return check_many
 

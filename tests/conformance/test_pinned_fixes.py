@@ -50,8 +50,8 @@ print(json.dumps({"version": importlib.metadata.version("sglang"), "common": os.
 """
 
 @pytest.fixture(scope="module")
-def pinned(sglang_env: Path) -> dict:
-    r = subprocess.run([str(sglang_env), "-c", FACTS], capture_output=True, text=True, timeout=600)
+def pinned(sglang_run) -> dict:
+    r = sglang_run(["-c", FACTS])
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -106,9 +106,7 @@ def _sender_compares_attn_dp_rank_with_the_room(path: str) -> bool:
     return False
 
 
-def test_row_14_a_prefill_of_dp_replicas_is_accepted_and_then_fails_its_hand_offs(pinned, sglang_env):
-    import os
-
+def test_row_14_a_prefill_of_dp_replicas_is_accepted_and_then_fails_its_hand_offs(pinned, sglang_run):
     from sglang_cases import PREFILL_TP4, with_
 
     from pdnode.core.rules import BY_ID
@@ -116,8 +114,7 @@ def test_row_14_a_prefill_of_dp_replicas_is_accepted_and_then_fails_its_hand_off
     assert BY_ID["disagg-prefill-dp-replicas"].severity == "error"
     # the reference prefill's four GPUs as the two TP-2 replicas the rule refuses
     args = with_(PREFILL_TP4, tp_size=2, dp_size=2, nccl_port=...)
-    r = subprocess.run([str(sglang_env), "-c", REPLICAS, json.dumps(args)], capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
+    r = sglang_run(["-c", REPLICAS, json.dumps(args)])
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     # SGLang's validation takes it; the prefill dispatches room r to replica r % 2; and every
@@ -165,10 +162,10 @@ print(json.dumps({"draw": inspect.getsource(n.get_free_port_below_ephemeral),
 """
 
 
-def test_row_12_dp_replicas_draw_their_nccl_port_where_the_plan_warns(sglang_env):
+def test_row_12_dp_replicas_draw_their_nccl_port_where_the_plan_warns(sglang_run):
     from pdnode.core.ports import REPLICA_NCCL_DRAW
 
-    r = subprocess.run([str(sglang_env), "-c", DRAW], capture_output=True, text=True, timeout=600)
+    r = sglang_run(["-c", DRAW])
     assert r.returncode == 0, r.stderr[-3000:]
     src = json.loads(r.stdout.strip().splitlines()[-1])
     args = ast.parse(src["draw"].strip()).body[0].args
@@ -243,6 +240,8 @@ def test_row_16_the_transfer_engine_advertises_the_plans_host_address(sglang_env
     from pdnode.core import kv_path
 
     assert kv_path.ADDRESS_VARIABLE == "SGLANG_HOST_IP"
+    # a process of its own: SGLang may read the variable when it is imported
+    # a process of its own (not sglang_run): SGLang may read the variable when it is imported
     r = subprocess.run([str(sglang_env), "-c", HOST_IP], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "SGLANG_HOST_IP": "10.20.0.11"})
     assert r.returncode == 0, r.stderr[-3000:]

@@ -16,15 +16,10 @@ pytestmark = pytest.mark.conformance
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_in_env(python, code: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1")
-    r = subprocess.run(
-        [str(python), "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+def run_in_env(run, code: str) -> dict:
+    """CODE's last line of JSON, run by RUN (the sglang_run fixture, or fresh() for a
+    process of its own) in the validator's Python."""
+    r = run(["-c", textwrap.dedent(code)], {"PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -38,9 +33,9 @@ ServerArgs.add_cli_args(parser)
 """
 
 
-def test_launcher_tables_match_the_installed_parser(sglang_env):
+def test_launcher_tables_match_the_installed_parser(sglang_run):
     got = run_in_env(
-        sglang_env,
+        sglang_run,
         PARSER
         + """
 from pdnode.node.launcher import table_drift
@@ -50,12 +45,12 @@ print(json.dumps({k: [list(v[0]), list(v[1])] for k, v in table_drift(parser).it
     assert got == {}, f"launcher tables differ from SGLang (missing, stale): {got}"
 
 
-def test_no_store_true_flag_defaults_to_true(sglang_env):
+def test_no_store_true_flag_defaults_to_true(sglang_run):
     """A store_true flag with default True could never be turned off from the command
     line; the launcher relies on there being none (the one default-True bool,
     dllm_fdfo, is a BooleanOptionalAction: --no-dllm-fdfo)."""
     got = run_in_env(
-        sglang_env,
+        sglang_run,
         PARSER
         + """
 bad = [a.dest for a in parser._actions
@@ -68,7 +63,7 @@ print(json.dumps({"store_true_default_true": bad, "negatable_default_true": opt}
     assert got == {"store_true_default_true": [], "negatable_default_true": ["dllm_fdfo"]}
 
 
-def test_config_yaml_carries_the_key_and_the_command_line_wins(sglang_env, tmp_path):
+def test_config_yaml_carries_the_key_and_the_command_line_wins(sglang_run, tmp_path):
     """`--config` YAML: SGLang inserts its options before the command-line ones, so
     the command line wins; keys are turned into flags verbatim, so only the dashed
     spelling `api-key:` works (`api_key:` becomes the unknown flag --api_key)."""
@@ -77,7 +72,7 @@ def test_config_yaml_carries_the_key_and_the_command_line_wins(sglang_env, tmp_p
     under = tmp_path / "under.yaml"
     under.write_text('api_key: "sk-from-yaml"\n')
     got = run_in_env(
-        sglang_env,
+        sglang_run,
         PARSER
         + f"""
 out = {{}}
@@ -96,11 +91,11 @@ print(json.dumps(out))
     assert "unrecognized arguments: --api_key" in got["under"]
 
 
-def test_ib_device_mapping_round_trip(sglang_env):
+def test_ib_device_mapping_round_trip(sglang_run):
     """A dict value goes on the command line as JSON; SGLang's own parser of
     --disaggregation-ib-device reads it back as {gpu: device}."""
     got = run_in_env(
-        sglang_env,
+        sglang_run,
         """
 import json
 from pdnode.node.launcher import to_argv
@@ -119,9 +114,14 @@ print(json.dumps({"argv": argv, "parsed": {str(k): v for k, v in parsed.items()}
 
 
 def test_launcher_is_standard_library_only(sglang_env):
-    """The launcher runs on the GPU host inside the SGLang venv: no third-party import."""
+    """The launcher runs on the GPU host inside the SGLang venv: no third-party import
+    (in a process of its own: the fork server's children have SGLang imported already)."""
+    def fresh(argv: list[str], env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([str(sglang_env), *argv], capture_output=True, text=True, env={**os.environ, **env},
+                              timeout=900)
+
     got = run_in_env(
-        sglang_env,
+        fresh,
         """
 import json, sys
 before = set(sys.modules)
@@ -134,7 +134,7 @@ print(json.dumps(sorted(new - std)))
     assert got == []
 
 
-def test_plan_core_field_list_matches_installed_sglang(sglang_env):
+def test_plan_core_field_list_matches_installed_sglang(sglang_run):
     """src/pdnode/data/serverargs-0.5.23.txt (the plan core's list of ServerArgs
     fields, used to vet pdnode_*_extra_args) is exactly SGLang's."""
     listed = {
@@ -143,7 +143,7 @@ def test_plan_core_field_list_matches_installed_sglang(sglang_env):
         if line.strip() and not line.startswith("#")
     }
     got = run_in_env(
-        sglang_env,
+        sglang_run,
         """
 import contextlib, io, json
 with contextlib.redirect_stderr(io.StringIO()):
