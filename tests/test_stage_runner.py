@@ -75,7 +75,7 @@ def test_every_scenario_and_python_suite_is_in_exactly_one_lane():
     functions = text[text.index("lint_stages() {"):text.index("if $quick; then")]
     script = (f"cd {REPO}; pytest=(PYTEST); molecule_test=(MOLECULE); {functions}\n"
               "show() { printf '%s\\t%s\\n' \"$1\" \"${*:2}\"; }\n"
-              "for n in 1 2 3 4; do lane $n show | sed \"s/^/$n\\t/\"; done")
+              "for n in $LANES; do lane $n show | sed \"s/^/$n\\t/\"; done")
     out = subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout
     stages = [line.split("\t") for line in out.splitlines()]
     scenarios = [cmd.split()[-1] for _, _, cmd in stages if cmd.startswith("MOLECULE")]
@@ -83,4 +83,29 @@ def test_every_scenario_and_python_suite_is_in_exactly_one_lane():
     markers = [cmd.split("-m ")[1].split(" tests")[0] for _, _, cmd in stages if cmd.startswith("PYTEST")]
     assert sorted(markers) == sorted(["not conformance and not integration", "integration and not conformance",
                                       "conformance"]), markers
-    assert {lane for lane, _, _ in stages} == {"1", "2", "3", "4"}
+    assert {lane for lane, _, _ in stages} == {"1", "2", "3", "4", "5"}
+
+
+def test_the_node_tests_run_once_across_the_scenarios_that_share_them():
+    """molecule/node/tests is run by three scenarios (node, day2, repair), each selecting its
+    part by a marker expression: together they must select every test, and no test twice."""
+    import yaml
+
+    def collected(*args: str) -> list[str]:
+        r = subprocess.run([str(REPO / ".venv/bin/python"), "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                            *args, "molecule/node/tests"], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert r.returncode in (0, 5), r.stdout[-2000:] + r.stderr[-2000:]
+        return [line for line in r.stdout.splitlines() if "::" in line]
+
+    expressions = {}
+    for config in sorted((REPO / "molecule").glob("*/molecule.yml")):
+        verifier = yaml.safe_load(config.read_text()).get("verifier", {})
+        directory = (config.parent / verifier.get("directory", "tests")).resolve()
+        if directory == REPO / "molecule" / "node" / "tests":
+            expressions[config.parent.name] = verifier.get("options", {}).get("m")
+    assert set(expressions) == {"node", "day2", "repair"}, expressions
+    every = collected()
+    chosen = {name: collected("-m", expr) for name, expr in expressions.items()}
+    assert all(chosen.values()), {name: len(tests) for name, tests in chosen.items()}
+    counts = {test: sum(test in tests for tests in chosen.values()) for test in every}
+    assert {test: n for test, n in counts.items() if n != 1} == {}

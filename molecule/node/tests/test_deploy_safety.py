@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.repair  # scenario repair runs these (molecule/repair)
+
 REPO = Path(__file__).resolve().parents[3]
 CALLBACKS = REPO / "molecule" / "node" / "plugins" / "callback"
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")

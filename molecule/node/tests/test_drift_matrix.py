@@ -33,6 +33,8 @@ import time
 import pytest
 from test_fast_path_deploy import admin, changed, deploy, workers
 
+pytestmark = pytest.mark.repair  # scenario repair runs these (molecule/repair)
+
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 PLAN_TASK = "Compute and validate the plan (once per run)"
 # The aspects in the order the batches run: presence last, since removing the admin key
