@@ -83,11 +83,11 @@ def test_every_scenario_and_python_suite_is_in_exactly_one_lane():
     markers = [cmd.split("-m ")[1].split(" tests")[0] for _, _, cmd in stages if cmd.startswith("PYTEST")]
     assert sorted(markers) == sorted(["not conformance and not integration", "integration and not conformance",
                                       "conformance"]), markers
-    assert {lane for lane, _, _ in stages} == {"1", "2", "3", "4", "5", "6"}
+    assert {lane for lane, _, _ in stages} == {"1", "2", "3", "4", "5"}
 
 
 def test_the_node_tests_run_once_across_the_scenarios_that_share_them():
-    """molecule/node/tests is run by four scenarios (node, day2, upgrade, repair), each selecting its
+    """molecule/node/tests is run by three scenarios (node, day2, repair), each selecting its
     part by a marker expression: together they must select every test, and no test twice."""
     import yaml
 
@@ -103,7 +103,7 @@ def test_the_node_tests_run_once_across_the_scenarios_that_share_them():
         directory = (config.parent / verifier.get("directory", "tests")).resolve()
         if directory == REPO / "molecule" / "node" / "tests":
             expressions[config.parent.name] = verifier.get("options", {}).get("m")
-    assert set(expressions) == {"node", "day2", "upgrade", "repair"}, expressions
+    assert set(expressions) == {"node", "day2", "repair"}, expressions
     every = collected()
     chosen = {name: collected("-m", expr) for name, expr in expressions.items()}
     assert all(chosen.values()), {name: len(tests) for name, tests in chosen.items()}

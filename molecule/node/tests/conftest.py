@@ -13,8 +13,7 @@ CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "day2: a day-2 test of the node (layouts, restarts): scenario day2 runs them")
-    config.addinivalue_line("markers", "upgrade: an upgrade of the node (with rollback): scenario upgrade runs them")
+    config.addinivalue_line("markers", "day2: a day-2 test of the node (layouts, upgrade): scenario day2 runs them")
     config.addinivalue_line("markers", "repair: how a deploy repairs the node (drift matrix, interrupted deploys): "
                             "scenario repair runs them")
 

@@ -29,7 +29,7 @@ import yaml
 
 import host_load
 
-pytestmark = pytest.mark.upgrade  # scenario upgrade runs these (molecule/upgrade)
+pytestmark = pytest.mark.day2  # scenario day2 runs these (molecule/day2)
 
 REPO = Path(__file__).resolve().parents[3]
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
