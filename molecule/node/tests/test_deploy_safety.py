@@ -209,6 +209,8 @@ def test_interrupted_deploys_converge_to_the_files_on_disk(tree, host, tmp_path)
             again = deploy(tree, extra)
             assert again.returncode == 0, f"re-run after a kill before {name!r}:\n{again.stdout[-4000:]}"
             assert_running_what_is_on_disk(host, f"killed before {name!r}, re-run")
+            # progress in the log (scripts/test stops a stage whose log is silent too long)
+            print(f"\n{n + 1} of {len(boundaries)}: killed before {name!r}, the re-run converged", flush=True)
             if n == len(boundaries) - 1:
                 assert recap(deploy(tree, extra))["changed"] == 0
     finally:
