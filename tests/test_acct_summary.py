@@ -14,10 +14,11 @@ acct_summary = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(acct_summary)
 
 
-def record(comm: bytes, utime: int, stime: int, flag: int = 0, version: int = 3) -> bytes:
+def record(comm: bytes, utime: int, stime: int, flag: int = 0, version: int = 3, pid: int = 7, ppid: int = 1,
+           btime: int = 1_800_000_000, etime: float = 250.0) -> bytes:
     # struct acct_v3: flag, version, tty, exitcode, uid, gid, pid, ppid, btime, etime (float),
     # utime, stime, mem, io, rw, minflt, majflt, swaps (comp_t), comm[16]
-    return struct.pack("<BBHIIIIIIf8H16s", flag, version, 0, 0, 0, 0, 7, 1, 1_800_000_000, 250.0,
+    return struct.pack("<BBHIIIIIIf8H16s", flag, version, 0, 0, 0, 0, pid, ppid, btime, etime,
                        utime, stime, 0, 0, 0, 0, 0, 0, comm)
 
 
@@ -39,3 +40,20 @@ def test_records_sum_by_command_and_mark_forks():
 def test_another_record_version_is_refused_not_misread():
     with pytest.raises(ValueError, match="acct version 2, expected 3"):
         acct_summary.records(record(b"x", 1, 1, version=2))
+
+
+def test_trees_sum_each_roots_descendants_and_a_reused_pid_goes_to_the_process_alive_then():
+    t = 1_800_000_000
+    data = (record(b"timeout", 0, 0, pid=100, ppid=1, btime=t, etime=10_000.0)  # a stage, 100 s
+            + record(b"pytest", 50, 0, pid=101, ppid=100, btime=t + 1, etime=9_000.0)
+            + record(b"ansible-playboo", 30, 0, pid=102, ppid=101, btime=t + 5, etime=2_000.0)
+            + record(b"ansible-playboo", 7, 0, pid=103, ppid=102, btime=t + 6, flag=acct_summary.AFORK)
+            # pid 101 again, long after that pytest ended: its child is not the stage's
+            + record(b"sleep", 0, 0, pid=101, ppid=1, btime=t + 500, etime=10_000.0)
+            + record(b"python", 900, 0, pid=104, ppid=101, btime=t + 500))
+    recs = acct_summary.records(data)
+    assert [p and p["pid"] for p in acct_summary.parents(recs)] == [None, 100, 101, 102, None, 101]
+    assert acct_summary.parents(recs)[5] is recs[4]  # the sleep, alive when it started
+    [(root, total, cpu)] = acct_summary.trees(recs, lambda r: r["comm"] == "timeout")
+    assert root is recs[0] and total == pytest.approx(0.87)
+    assert cpu == {"pytest": 0.5, "ansible-playboo": 0.3, "ansible-playboo*": 0.07}
