@@ -18,8 +18,9 @@ stage() {  # stage NAME COMMAND...: run with output on the terminal, timed, reco
 
 # A lane's stage that hangs must fail the run, not hold it until CI's own limit; one that is
 # only slow (a busy machine) must not. A stage is stopped when its log has not grown for
-# stage_idle_s (every stage prints as it goes: a pytest dot per test, a line per Ansible
-# task, and no single test or task waits that long), or when it has run stage_limit_s in
+# stage_idle_s (every stage prints as it goes: a pytest dot per test, a line per test in the
+# molecule verifiers (-v: molecule shows whole lines only), a line per Ansible task, and no
+# single test or task waits that long), or when it has run stage_limit_s in
 # all, far above the longest stage's quiet time (~19 min; docs/measurements.md).
 stage_idle_s=${PDNODE_TEST_STAGE_IDLE_S:-900}
 stage_limit_s=${PDNODE_TEST_STAGE_TIMEOUT_S:-4500}
