@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,29 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "day2: a day-2 test of the node (layouts, upgrade): scenario day2 runs them")
     config.addinivalue_line("markers", "repair: how a deploy repairs the node (drift matrix, interrupted deploys): "
                             "scenario repair runs them")
+
+
+# What the node's services logged around a failed test, in the test's report: the
+# container is gone by the time anyone reads the log (molecule destroys it), and a failure
+# seen only on a busy machine cannot be asked again.
+FAILURE_JOURNAL_LINES = 80
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    try:
+        journal = subprocess.run(
+            ["docker", "exec", CONTAINER, "journalctl", "--no-pager", "-o", "short-precise", "--since", "-5min",
+             "-n", str(FAILURE_JOURNAL_LINES), "-u", "sglang-pd-*"],
+            capture_output=True, text=True, timeout=60, check=False)
+        text = journal.stdout or journal.stderr
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        text = f"(no journal: {exc})"
+    report.sections.append((f"journal of {CONTAINER}'s services, the last {FAILURE_JOURNAL_LINES} lines", text))
 
 
 @pytest.fixture(scope="module")

@@ -69,9 +69,10 @@ LABELS = {"2P1D": "2P1D  P 2x TP2 | D 1x TP4 DP4 EP4", "1P2D": "1P2D  P 1x TP4 |
 ONE_PREFILL_GPU = "1P7D  P 1x TP1 | D 7x TP1"
 INPUT, OUTPUT, CONCURRENCY = 256, 32, 32
 # (concurrency, requests) of the 1P1D runs the planner fits: two loads, so that a decode
-# step's base cost and its cost per running request can be told apart; ~10 requests per
-# client, so the ramp at the start and the tail at the end weigh little.
-FIT_RUNS = ((8, 80), (32, 320))
+# step's base cost and its cost per running request can be told apart; 6-8 requests per
+# client (the structure asserted below holds for any fit: a quarter of the prefill's GPUs
+# gives about a quarter of its rate; was 10 per client, 22 s more of the day-2 scenario).
+FIT_RUNS = ((8, 64), (32, 192))
 # One prefill GPU predicted below WIDE x the deployed layouts' predictions.
 WIDE = 0.6
 # Requests a kill -9 of one of two prefills may cost under the steady load below: those

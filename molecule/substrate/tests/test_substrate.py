@@ -34,3 +34,13 @@ def test_transient_service_starts_and_stops(host):
         stopped = host.run(f"systemctl stop {UNIT}")
     assert stopped.rc == 0, stopped.stderr
     assert not host.service(UNIT).is_running
+
+
+def test_modules_sent_by_ansible_get_cached_bytecode(host):
+    # scripts/lib/substrate/ansiballz_bytecode.py: imported by every Python of the image
+    # (a .pth), and the modules the converge and these tests ran left their compiled files.
+    active = host.run("python3 -c 'import zipimport, ansiballz_bytecode as b; "
+                      "print(zipimport._compile_source is b._compile_cached)'")
+    assert active.rc == 0 and active.stdout.strip() == "True", active.stderr
+    entries = host.run("ls /var/cache/ansiballz-bytecode | wc -l")
+    assert int(entries.stdout.strip()) > 50, entries.stdout  # ansible.module_utils alone is more
