@@ -86,6 +86,9 @@ def test_histogram_quantile_like_prometheus():
 
 
 ROLES = {"prefill-0": "prefill", "decode-0": "decode"}
+# decode_before/after.prom: the burst's 4 requests as the decode timed them (e2e sum
+# delta) and the 32 tokens it generated
+E2E_SUM, TOKENS = 0.17575329199962653, 32.0
 
 
 def test_thresholds_from_snapshots(decode, prefill):
@@ -93,7 +96,10 @@ def test_thresholds_from_snapshots(decode, prefill):
     after = {"decode-0": decode[1], "prefill-0": prefill[1]}
     assert threshold_value("itl_p50_max_s", before, after, 2.0, ROLES)[0] == pytest.approx(0.002 + 0.002 * 14 / 24)
     assert threshold_value("ttft_p99_max_s", before, after, 2.0, ROLES)[0] == pytest.approx(0.099)
-    assert threshold_value("decode_throughput_min_tok_s", before, after, 2.0, ROLES)[0] == pytest.approx(16.0)  # 32/2
+    # tokens over the engines' time: the requests' e2e sum spread over the 2 in flight at once
+    rate, how = threshold_value("decode_throughput_min_tok_s", before, after, 2, ROLES)
+    assert rate == pytest.approx(TOKENS / (E2E_SUM / 2))
+    assert "of engine time" in how and "concurrency 2" in how, how
     speed, how = threshold_value("kv_transfer_speed_min_gb_s", before, after, 2.0, ROLES)
     # (sum after - sum before) / (count after - count before)
     assert speed == pytest.approx((0.6009386787958984 - 0.009015505286285438) / 4)
@@ -115,10 +121,22 @@ def test_thresholds_sum_the_instances_of_a_role(decode):
     both_a = {"decode-0": decode[1], "decode-1": decode[1]}
     assert threshold_value("itl_p50_max_s", both_b, both_a, 2.0, roles)[0] == pytest.approx(0.002 + 0.002 * 14 / 24)
     assert "p50 of 56 observations" in threshold_value("itl_p50_max_s", both_b, both_a, 2.0, roles)[1]
-    assert threshold_value("decode_throughput_min_tok_s", both_b, both_a, 2.0, roles)[0] == pytest.approx(32.0)
+    # the throughput counts both: twice the requests in flight, twice the tokens in the same time
+    one = threshold_value("decode_throughput_min_tok_s", before, after, 2, roles)[0]
+    assert one == pytest.approx(TOKENS / (E2E_SUM / 2))  # the idle decode adds neither tokens nor time
+    assert threshold_value("decode_throughput_min_tok_s", both_b, both_a, 4, roles)[0] == pytest.approx(2 * one)
     # one decode unreadable: no value, and which one says why
     value, how = threshold_value("itl_p50_max_s", {**before, "decode-1": "refused"}, after, 2.0, roles)
     assert value is None and how == "decode-1 metrics unreadable"
+
+
+def test_a_rate_without_timed_requests_is_not_measurable(decode):
+    """No e2e observations during the burst: no time to divide by, so no value (the
+    threshold check then FAILs "not measurable"), never a rate over the client's clock."""
+    before, _ = decode
+    value, how = threshold_value("decode_throughput_min_tok_s", {"decode-0": before}, {"decode-0": before}, 4,
+                                 {"decode-0": "decode"})
+    assert value is None and how == "no sglang:e2e_request_latency_seconds observations on decode during the burst"
 
 
 def test_merge_keeps_instances_apart():

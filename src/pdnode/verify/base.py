@@ -84,7 +84,6 @@ class Ctx:
         self.key: str | None = None
         self.key_refused: dict[str, str] = {}  # check id -> evidence of a 401/403
         self.internal_error: str | None = None
-        self.burst_wall_s = 0.0
         # (prefill id, decode id) -> the hand-off the verifier sent that pair (checks_disagg)
         self.handoffs: dict[tuple[str, str], Any] = {}
         # router circuit breakers not closed at the router check: "worker (open, ...)"

@@ -17,7 +17,7 @@ from . import metrics as pm
 from .base import (FAIL, NA, PASS, RUNBOOK, SKIP, Ctx, Result, Snaps, chat_body, fmt, fold_stream, make_prompt,
                    num)
 from .http import stream_sse
-from ..core.thresholds import M_REQS, THRESHOLDS
+from ..core.thresholds import M_E2E, M_REQS, THRESHOLDS
 
 
 def check_burst(ctx: Ctx) -> Result:
@@ -60,7 +60,6 @@ def check_burst(ctx: Ctx) -> Result:
         "client_ttft_p50_s": _exact_q(ttfts, 0.5), "client_ttft_p99_s": _exact_q(ttfts, 0.99),
         "client_e2e_p50_s": _exact_q(e2es, 0.5), "client_e2e_p99_s": _exact_q(e2es, 0.99),
     }
-    ctx.burst_wall_s = wall
     spread = _spread(ctx)
     ctx.measurements["burst"]["router_spread"] = spread
     evidence = (f"{len(good)}/{n} streaming requests ok at concurrency {c} in {wall:.2f} s; client-side TTFT p50 "
@@ -93,12 +92,16 @@ def _exact_q(values: list[float], q: float) -> float | None:
     return round(values[k], 4)
 
 
-def threshold_value(key: str, before: Snaps, after: Snaps, wall_s: float,
+def threshold_value(key: str, before: Snaps, after: Snaps, concurrency: int,
                     roles: Mapping[str, str]) -> tuple[float | None, str]:
     """(measured value, how) of one threshold from the burst's before/after snapshots
     (instance id -> snapshot), summed over the instances of the threshold's role
     (``roles``: instance id -> role): histograms bucket by bucket, counters series by
-    series, so a p99 is the p99 of every request the role served."""
+    series, so a p99 is the p99 of every request the role served. A rate is over the
+    engines' own time: the seconds the role timed its requests (e2e sum) over the burst's
+    ``concurrency`` (requests in flight at once), which is the burst's length on a node
+    that keeps them busy, timed by the engines and not by the client (on a stand-in the
+    client's clock measures the machine's CPU)."""
     t = THRESHOLDS[key]
     ids = [iid for iid, role in roles.items() if role == t.role]
     if not ids:
@@ -112,7 +115,13 @@ def threshold_value(key: str, before: Snaps, after: Snaps, wall_s: float,
     who = t.role if len(ids) == 1 else f"{t.role} ({', '.join(ids)} summed)"
     if t.stat == "rate":
         delta = pm.counter_delta(b, a, t.metric)
-        return pm.throughput(delta, wall_s), f"{who} {t.metric} +{num(delta)} over {wall_s:.2f} s"
+        e2e = pm.histogram_delta(b, a, M_E2E)
+        if e2e is None or e2e.count <= 0 or e2e.sum <= 0:
+            return None, f"no {M_E2E} observations on {who} during the burst"
+        engine_s = e2e.sum / max(concurrency, 1)
+        return pm.throughput(delta, engine_s), (
+            f"{who} {t.metric} +{num(delta)} over {engine_s:.3g} s of engine time ({M_E2E} sum "
+            f"{e2e.sum:.3g} s of {e2e.count:g} requests / concurrency {concurrency})")
     if t.stat == "mean":
         if a.kind(t.metric) == "gauge":
             vals = list(a.series(t.metric).values())
@@ -140,7 +149,8 @@ def make_threshold_check(key: str) -> Callable[[Ctx], Result]:
                 return Result(SKIP, f"skipped: because metrics failed: {inst.id} lacks {t.metric}", "see metrics",
                               cause="metrics failed")
         roles = {i.id: i.role for i in ctx.t.instances}
-        value, how = threshold_value(key, before, after, ctx.burst_wall_s, roles)
+        in_flight = min(ctx.s.burst_concurrency, ctx.s.burst_requests)
+        value, how = threshold_value(key, before, after, in_flight, roles)
         shown = fmt(value, "s") if unit == "s" else f"{num(value, '.4g')} {unit}"
         entry = {"value": value, "limit": limit, "unit": unit, "comparison": cmp, "source": how}
         ctx.measurements.setdefault("thresholds", {})[key] = entry

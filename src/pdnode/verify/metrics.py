@@ -209,7 +209,7 @@ def histogram_quantile(q: float, buckets: Mapping[float, float] | Iterable[tuple
 
 
 def throughput(tokens: float | None, seconds: float) -> float | None:
-    """Tokens per second over a wall-clock interval; None when not computable."""
+    """Tokens per second over an interval; None when not computable."""
     if tokens is None or seconds <= 0:
         return None
     return tokens / seconds
