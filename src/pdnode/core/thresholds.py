@@ -44,6 +44,14 @@ THRESHOLDS: dict[str, Threshold] = {
     "kv_transfer_speed_min_gb_s": Threshold("KV transfer speed floor (catches a fall-back to TCP)", "prefill",
                                             M_KV_SPEED, "mean", "GB/s", "min"),
 }
+
+
+def metrics_needed(t: Threshold) -> tuple[str, ...]:
+    """The metrics a threshold is computed from: a rate also needs the role's e2e histogram
+    (its time base)."""
+    return (t.metric, M_E2E) if t.stat == "rate" else (t.metric,)
+
+
 # key -> description: what the inventory may set under pdnode_verify_thresholds.
 THRESHOLD_KEYS: dict[str, str] = {k: t.description for k, t in THRESHOLDS.items()}
 
@@ -56,6 +64,6 @@ REQUIRED_METRICS: dict[str, dict[str, str]] = {
 }
 for _key, _t in THRESHOLDS.items():
     _need = REQUIRED_METRICS[_t.role]
-    for _metric in (_t.metric, M_E2E) if _t.stat == "rate" else (_t.metric,):
+    for _metric in metrics_needed(_t):
         _need[_metric] = ", ".join(x for x in (_need.get(_metric), f"threshold {_key}") if x)
 del _key, _t, _need, _metric

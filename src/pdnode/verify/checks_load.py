@@ -17,7 +17,7 @@ from . import metrics as pm
 from .base import (FAIL, NA, PASS, RUNBOOK, SKIP, Ctx, Result, Snaps, chat_body, fmt, fold_stream, make_prompt,
                    num)
 from .http import stream_sse
-from ..core.thresholds import M_E2E, M_REQS, THRESHOLDS
+from ..core.thresholds import M_E2E, M_REQS, THRESHOLDS, metrics_needed
 
 
 def check_burst(ctx: Ctx) -> Result:
@@ -145,9 +145,10 @@ def make_threshold_check(key: str) -> Callable[[Ctx], Result]:
         before, after = ctx.snaps.get("burst_before", {}), ctx.snaps.get("burst_after", {})
         for inst in ctx.t.role(t.role):
             snap = after.get(inst.id)
-            if isinstance(snap, pm.Snapshot) and not snap.has(t.metric):
-                return Result(SKIP, f"skipped: because metrics failed: {inst.id} lacks {t.metric}", "see metrics",
-                              cause="metrics failed")
+            for metric in metrics_needed(t):
+                if isinstance(snap, pm.Snapshot) and not snap.has(metric):
+                    return Result(SKIP, f"skipped: because metrics failed: {inst.id} lacks {metric}", "see metrics",
+                                  cause="metrics failed")
         roles = {i.id: i.role for i in ctx.t.instances}
         in_flight = min(ctx.s.burst_concurrency, ctx.s.burst_requests)
         value, how = threshold_value(key, before, after, in_flight, roles)
