@@ -13,9 +13,15 @@ The shape follows SGLang's Mooncake backend (disaggregation/mooncake/conn.py):
    base pointer), then POST /kv/transfer_info (TransferInfo: room, endpoint, dst_port,
    session id, destination offset and length).
 4. Prefill, after its forward pass, writes the request's KV from its pool into decode's
-   pool with batch_transfer_sync_write (one slice per prefill attention-TP rank), then
-   POSTs /kv/status {room, status: success} to decode's control endpoint. Failures send
-   status failed; decode's timeout sends POST /kv/abort to the prefill.
+   pool (one slice per prefill attention-TP rank), then POSTs /kv/status {room, status:
+   success} to decode's control endpoint. Failures send status failed; decode's timeout
+   sends POST /kv/abort to the prefill. SGLang writes with batch_transfer_sync_write, whose
+   thread spins on the transfer's status until it ends: on a GPU host's many cores that is
+   free, on a shared 2-core test machine every spinning thread takes CPU from the threads
+   that move the bytes and from the event loop (the stand-ins' /health went silent for a
+   minute beside two CPU burners). The stand-in submits each slice with
+   transfer_submit_write and polls transfer_check_status between asyncio sleeps instead:
+   the same Mooncake transport and bytes, without the spin.
 The bytes carry the room id at both ends so decode can check it received this request's
 KV (SGLang's KV checksum path).
 """
@@ -40,6 +46,11 @@ from .sessions import FailedSessions, dead_session_reason
 log = logging.getLogger("standin.kv")
 
 _ALIGN = 64
+# Polling a submitted write: the first check after POLL_MIN_S, backing off to POLL_MAX_S
+# (a loopback slice takes about a millisecond); the deadline is Mooncake's own for a
+# synchronous write: MC_TRANSFER_TIMEOUT seconds (30, at least 5) plus a second per GiB.
+POLL_MIN_S, POLL_MAX_S = 0.0005, 0.01
+_SUBMIT_FAILED = (-1, 2**64 - 1)  # transfer_submit_write's -1, as a signed or an unsigned batch id
 _HEADER = struct.Struct("<QQ")  # room, nbytes (at the start and at the end of the slot)
 
 
@@ -152,7 +163,41 @@ class MooncakeEngine:
             raise RuntimeError(f"Mooncake register_memory of {pool.size} bytes returned {rc}")
 
     async def write(self, session_id: str, srcs: list[int], dsts: list[int], lens: list[int]) -> int:
-        return await asyncio.to_thread(self._te.batch_transfer_sync_write, session_id, srcs, dsts, lens)
+        """0 when every slice arrived, -1 when one failed or the deadline passed (like
+        batch_transfer_sync_write, without its spinning thread: see the module's docstring)."""
+        te = self._te
+        deadline = time.monotonic() + transfer_timeout_s() + sum(lens) / 2**30
+        pending = []
+        for src, dst, n in zip(srcs, dsts, lens):
+            # in a thread: the first write to a session opens it (a handshake over the network)
+            batch = await asyncio.to_thread(te.transfer_submit_write, session_id, src, dst, n)
+            if batch in _SUBMIT_FAILED:
+                return -1
+            pending.append(batch)
+        wait = POLL_MIN_S
+        while pending:
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, POLL_MAX_S)
+            still = []
+            for batch in pending:
+                status = te.transfer_check_status(batch)  # 1 done, 0 running, -1 failed, -2 timed out
+                if status < 0:
+                    return -1
+                if status == 0:
+                    still.append(batch)
+            pending = still
+            if pending and time.monotonic() > deadline:
+                return -1
+        return 0
+
+
+def transfer_timeout_s() -> float:
+    """Mooncake's timeout of a synchronous write (transfer_engine_py.cpp): MC_TRANSFER_TIMEOUT
+    seconds, at least 5; 30 when unset."""
+    try:
+        return float(max(5, int(os.environ.get("MC_TRANSFER_TIMEOUT", "30"))))
+    except ValueError:
+        return 30.0
 
 
 @dataclasses.dataclass
@@ -342,7 +387,7 @@ class PrefillKV:
         if rc != 0:
             # one failure blacklists the session (SGLang: "if the session fails once, mark it as failed")
             self.failed_sessions.mark_failed(info.session_id)
-            raise TransferError(f"Mooncake batch_transfer_sync_write to {info.session_id} returned {rc}"
+            raise TransferError(f"Mooncake write to {info.session_id} returned {rc}"
                                 + (" (injected fault transfer_fail)" if fail else ""))
         return dt
 
