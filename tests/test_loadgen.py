@@ -292,9 +292,11 @@ def test_tally_counts_requests_started_and_finished():
 
 # --- the zero-drop judgement ------------------------------------------------------------
 
-def tally_result(n_ok: int, *, began: int | None = None, failed: tuple[str, ...] = ()) -> dict[str, Any]:
-    """N_OK successes 0.1 s apart, then FAILED's kinds, stopped 0.1 s after."""
-    t = loadgen.Tally(0.0)
+def tally_result(n_ok: int, *, began: int | None = None, failed: tuple[str, ...] = (),
+                 change_at: float | None = 0.55) -> dict[str, Any]:
+    """N_OK successes 0.1 s apart (0.05 s each), then FAILED's kinds, stopped 0.1 s after;
+    the change under load at CHANGE_AT (by default after the first five)."""
+    t = loadgen.Tally(0.0, change_at=change_at)
     for i in range(n_ok):
         t.begin()
         t.record(0.1 * (i + 1), OK, 0.05)
@@ -322,37 +324,79 @@ def test_zero_drop_names_each_problem_with_its_counts():
         "only 10 requests finished in 1.1 s; at least 20 must, for the run to prove anything"]
 
 
+def bound_why(r: dict[str, Any], floor: float) -> str:
+    return (f"(the larger of {floor} s and 10 x the {r['pace']['median_request_s']} s a request took before "
+            f"the change)")
+
+
 def test_a_request_stalled_past_the_bound_fails_the_gap_and_request_bounds():
-    """One client; the server holds its third request 2 s, then answers it correctly:
-    nothing failed, but the run is no zero-drop proof under a 1 s bound."""
+    """One client; the change begins after its fifth success; the server holds a request
+    after it 2 s, then answers it correctly: nothing failed, but the run is no zero-drop
+    proof under a 1 s bound (its requests before took milliseconds)."""
     def answer(h: BaseHTTPRequestHandler, n: int, body: dict[str, Any]) -> None:
-        if n == 2:
+        if n == 8:
             time.sleep(2.0)
         send(h, 200, GOOD_BODY)
 
     with server(answer) as (url, _), loadgen.Load(url, "m", timeout=30) as load:
         wait_finished(load, 5)
+        load.mark_change()
+        wait_finished(load, 10)
     r = load.result
-    assert r["failed"] == 0 and r["requests"] >= 5
+    assert r["failed"] == 0 and r["requests"] >= 10 and r["pace"]["requests_before"] >= 5
     assert r["longest_gap_s"] >= 2.0 and r["longest_request_s"] >= 2.0
     found = loadgen.zero_drop_problems(r, min_requests=5, max_gap_s=1.0, max_request_s=1.0)
     assert found == [
         f"{r['longest_gap_s']} s without a success (from {r['longest_gap_at_s']} s into the load), over the bound "
-        "of 1.0 s",
-        f"a request took {r['longest_request_s']} s, over the bound of 1.0 s"]
+        f"of 1 s {bound_why(r, 1.0)}",
+        f"a request took {r['longest_request_s']} s, over the bound of 1 s {bound_why(r, 1.0)}"]
+
+
+def test_the_stall_bounds_grow_with_the_pace_before_the_change():
+    """A load whose requests took 0.5 s before the change (a busy machine) may have a 3 s
+    stretch without a success: under 10 x its pace; at 0.05 s a request, 3 s is a stall."""
+    def run(took: float) -> dict[str, Any]:
+        t = loadgen.Tally(0.0, change_at=5.0)
+        for i in range(10):
+            t.begin()
+            t.record(0.5 * (i + 1), OK, took)
+        t.begin()
+        t.record(8.0, OK, 3.0)  # 3 s after the last success
+        return t.result(8.0)
+
+    slow, fast = run(0.5), run(0.05)
+    assert slow["pace"] == {"change_at_s": 5.0, "requests_before": 10, "median_request_s": 0.5}
+    assert loadgen.zero_drop_problems(slow, min_requests=5, max_gap_s=1.0, max_request_s=1.0) == []
+    assert loadgen.zero_drop_problems(fast, min_requests=5, max_gap_s=1.0, max_request_s=1.0) == [
+        f"3.0 s without a success (from 5.0 s into the load), over the bound of 1 s {bound_why(fast, 1.0)}",
+        f"a request took 3.0 s, over the bound of 1 s {bound_why(fast, 1.0)}"]
+
+
+def test_a_run_without_its_pace_before_the_change_proves_nothing():
+    assert problems(tally_result(30, change_at=None)) == [
+        "the load was not told when the change began (Load(change_after=...), mark_change(), or the probe's "
+        "--change-after): its pace before the change is unknown"]
+    assert problems(tally_result(30, change_at=0.35)) == [
+        "only 3 requests succeeded before the change (0.35 s into the load); at least 5 must, to know the "
+        "load's pace"]
+    # failures do not set the pace; a Load's change_after places the change on its clock
+    load = loadgen.Load("http://127.0.0.1:9", "m", change_after=2.0)
+    assert load.tally.change_at == pytest.approx(load.tally.started + 2.0)
 
 
 def test_with_several_clients_a_stalled_request_fails_the_request_bound():
     """Two clients: while one request is held 2 s the other loop keeps succeeding, so the
     gap may stay short; the request bound still catches the stall."""
     def answer(h: BaseHTTPRequestHandler, n: int, body: dict[str, Any]) -> None:
-        if n == 3:
+        if n == 9:
             time.sleep(2.0)
         send(h, 200, GOOD_BODY)
 
     with server(answer) as (url, _), loadgen.Load(url, "m", clients=2, timeout=30) as load:
-        wait_finished(load, 8)
+        wait_finished(load, 5)
+        load.mark_change()
+        wait_finished(load, 14)
     r = load.result
     assert r["failed"] == 0 and r["longest_request_s"] >= 2.0
     found = loadgen.zero_drop_problems(r, min_requests=5, max_gap_s=10.0, max_request_s=1.0)
-    assert found == [f"a request took {r['longest_request_s']} s, over the bound of 1.0 s"]
+    assert found == [f"a request took {r['longest_request_s']} s, over the bound of 1 s {bound_why(r, 1.0)}"]

@@ -17,8 +17,12 @@ from pdnode.node import loadgen
 NODE = Path(__file__).resolve().parents[3] / "src" / "pdnode" / "node"
 FILES = {"probe.py": NODE / "upgrade_probe.py", "loadgen.py": NODE / "loadgen.py"}
 # A zero-drop change under load: no request may stall this long, nor the load go this long
-# without a success (a request takes well under a second on the stand-in).
+# without a success (a request takes well under a second on the stand-in), unless the load
+# was that slow before the change (loadgen.PACE_FACTOR x its median request then).
 STALL_S = 5.0
+# The change begins this long after the load's start (the caller sleeps it): the requests
+# before it give the load's pace.
+CHANGE_AFTER_S = 4.0
 
 
 def start(host, folder: str, *args: str) -> None:
@@ -28,7 +32,8 @@ def start(host, folder: str, *args: str) -> None:
         data = base64.b64encode(src.read_bytes()).decode()
         host.check_output(f"mkdir -p {folder} && echo {data} | base64 -d > {folder}/{name}")
     argv = ["python3", f"{folder}/probe.py", "--url", "http://127.0.0.1:8000", "--model", "demo-moe",
-            "--key-file", "/etc/sglang-pd/api-key", "--out", f"{folder}/result.json", *args]
+            "--key-file", "/etc/sglang-pd/api-key", "--out", f"{folder}/result.json",
+            "--change-after", str(CHANGE_AFTER_S), *args]
     host.check_output(f"rm -f {folder}/result.json; nohup {shlex.join(argv)} > /dev/null 2>&1 & "
                       f"echo $! > {folder}/pid")
 

@@ -294,6 +294,7 @@ def test_restart_of_a_prefill_under_load_drops_no_request(host, layouts):
     host_load.start(host, DRAIN_LOAD_DIR, "--clients", str(DRAIN_LOAD_CLIENTS), "--stream", "--interval", "0",
                     "--timeout", "60", "--max-tokens", "8", "--prompt", "drain load " * 16)
     try:
+        time.sleep(host_load.CHANGE_AFTER_S)  # the load's pace before the change
         t0 = time.monotonic()
         proc = restart(layouts["2P1D"], "prefill-1")
         print(f"restart.yml prefill-1 under load: {time.monotonic() - t0:.1f} s")

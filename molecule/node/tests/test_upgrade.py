@@ -190,7 +190,7 @@ def test_a_layout_change_and_an_upgrade_keeping_the_router_leave_it_running_and_
     before = router_since(host)
     host_load.start(host, PROBE, *PROBE_LOAD)
     try:
-        time.sleep(3)  # the probe measures the serving layout first
+        time.sleep(host_load.CHANGE_AFTER_S)  # the probe measures the serving layout's pace first
         for inv, name, what, workers in (
                 (inv_2p1d, "deploy.yml", "2P2D -> 2P1D", WORKERS_2P2D - {"http://127.0.0.1:30011"}),
                 (inv_2p2d, "deploy.yml", "2P1D -> 2P2D", WORKERS_2P2D),

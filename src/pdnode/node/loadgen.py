@@ -17,7 +17,11 @@ transfer failure after admission with HTTP 200, an SSE chunk carrying `error`, t
 The tally counts, it does not rate: requests started and finished, ok and failed (per
 kind and per HTTP status), the longest stretch without a success (the load's start and
 stop count as edges: a load that never succeeds has one gap, its whole length) and the
-longest single request. zero_drop_problems() judges a run that must lose nothing.
+longest single request, and the load's pace before the change it watches (the median
+time of the requests that succeeded before the change began). zero_drop_problems() judges
+a run that must lose nothing, with stall bounds that grow with that pace: on a busy
+machine every request is slower, and a stall is a stretch far longer than the same load
+took before the change, not a constant.
 """
 
 from __future__ import annotations
@@ -48,7 +52,12 @@ MAX_SAMPLES = 10  # failures kept with their detail: the first ones
 MAX_OUTAGES = 20
 # A stretch without a success this long is listed as an outage (normal spacing is ~0.1 s).
 OUTAGE_MIN_S = 1.0
-DETAIL_CHARS = 200
+DETAIL_CHARS = 400  # enough for SGLang's KVTransferError line with its reason
+# The stall bounds of a zero-drop run: the larger of the caller's floor and this many times
+# the load's median request before the change; that median needs this many successes.
+PACE_FACTOR = 10.0
+MIN_PACE_REQUESTS = 5
+MAX_PACE_SAMPLES = 10000
 # Python 3.9 (a host's python3) still has socket.timeout apart from TimeoutError.
 TIMEOUTS = (TimeoutError, socket.timeout)
 
@@ -151,8 +160,12 @@ def request(url: str, body: dict[str, Any], key: str = "", timeout: float = 60.0
 class Tally:
     """Requests as they start and end; what the result says about them. Thread-safe."""
 
-    def __init__(self, started: float, wall: float = 0.0) -> None:
+    def __init__(self, started: float, wall: float = 0.0, change_at: float | None = None) -> None:
         self.started = started  # monotonic seconds at the load's start
+        # monotonic seconds at which the change under load began (mark_change); the
+        # successes that end before it give the load's pace
+        self.change_at = change_at
+        self._before: list[tuple[float, float]] = []  # (ended, took) of successes until the change
         self.wall = wall  # epoch seconds at `started`: places outages beside other logs
         self.requests_started = 0
         self.requests = 0  # finished: ok + failed
@@ -171,6 +184,12 @@ class Tally:
         with self._lock:
             self.requests_started += 1
 
+    def mark_change(self, at: float) -> None:
+        """The change under load begins at AT (monotonic): what ended before is the pace."""
+        with self._lock:
+            if self.change_at is None:
+                self.change_at = at
+
     def record(self, ended: float, outcome: Outcome, took: float = 0.0) -> None:
         with self._lock:
             self.requests += 1
@@ -178,6 +197,8 @@ class Tally:
             self.longest_request = max(self.longest_request, took)
             if not outcome.kind:
                 self.ok += 1
+                if (self.change_at is None or ended <= self.change_at) and len(self._before) < MAX_PACE_SAMPLES:
+                    self._before.append((ended, took))
                 self._close_gap(ended)
                 # max: loops record in about, not exactly, the order their requests ended
                 self._last_ok = max(self._last_ok, ended)
@@ -188,6 +209,17 @@ class Tally:
             if len(self.samples) < MAX_SAMPLES:
                 self.samples.append({"t_s": round(ended - self.started, 3), "code": outcome.status,
                                      "kind": outcome.kind, "error": outcome.detail[:DETAIL_CHARS]})
+
+    def _pace(self) -> dict[str, Any]:
+        """The successes before the change: how many, and their median seconds."""
+        change = self.change_at
+        took = sorted(t for ended, t in self._before if change is not None and ended <= change)
+        median = None
+        if took:
+            mid = len(took) // 2
+            median = took[mid] if len(took) % 2 else (took[mid - 1] + took[mid]) / 2
+        return {"change_at_s": None if change is None else round(change - self.started, 3),
+                "requests_before": len(took), "median_request_s": None if median is None else round(median, 4)}
 
     def _close_gap(self, now: float) -> None:
         length = now - self._last_ok
@@ -209,6 +241,7 @@ class Tally:
                 "codes": dict(sorted(self.codes.items())), "longest_gap_s": round(self._gap[0], 3),
                 "longest_gap_at_s": round(self._gap[1] - self.started, 3),
                 "longest_request_s": round(self.longest_request, 3), "outages": list(self.outages),
+                "pace": self._pace(),
                 "first_failures": list(self.samples),
             }
 
@@ -217,16 +250,18 @@ class Load:
     """CLIENTS loops through BASE_URL's /v1/completions, each starting its next request
     INTERVAL seconds after its last one started (at once when that took longer); with
     STREAM every second loop streams. Runs from start() (or `with`) to stop(), which waits
-    for the requests in flight and returns the result (also kept as .result)."""
+    for the requests in flight and returns the result (also kept as .result). The change
+    it watches begins CHANGE_AFTER seconds after its creation, or at mark_change()."""
 
     def __init__(self, base_url: str, model: str, key: str = "", *, clients: int = 1, stream: bool = False,
                  interval: float = 0.0, timeout: float = 60.0, max_tokens: int = 4,
-                 prompt: str = "pdnode load") -> None:
+                 prompt: str = "pdnode load", change_after: float | None = None) -> None:
         self.url = base_url.rstrip("/") + "/v1/completions"
         self.model, self.key, self.timeout = model, key, timeout
         self.interval, self.max_tokens, self.prompt = interval, max_tokens, prompt
         # The load's clock starts here (the first edge of a gap): create it, then start it.
-        self.tally = Tally(time.monotonic(), time.time())
+        now = time.monotonic()
+        self.tally = Tally(now, time.time(), None if change_after is None else now + change_after)
         self.result: dict[str, Any] | None = None
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, args=(stream and k % 2 == 1,), daemon=True)
@@ -241,6 +276,10 @@ class Load:
             ended = time.monotonic()
             self.tally.record(ended, outcome, ended - began)
             self._stop.wait(max(0.0, self.interval - (ended - began)))  # -1 would wait for ever
+
+    def mark_change(self) -> None:
+        """The change under load begins now (the requests ended so far give the pace)."""
+        self.tally.mark_change(time.monotonic())
 
     @property
     def finished(self) -> int:
@@ -272,12 +311,15 @@ class Load:
 
 
 def zero_drop_problems(result: dict[str, Any], *, min_requests: int, max_gap_s: float,
-                       max_request_s: float) -> list[str]:
+                       max_request_s: float, pace_factor: float = PACE_FACTOR) -> list[str]:
     """What a run that must lose no request got wrong, one line each with its counts:
     a failed request; a request started but never finished; fewer than MIN_REQUESTS
-    finished (too little load to prove anything); a stretch without a success longer than
-    MAX_GAP_S; a request longer than MAX_REQUEST_S (with several clients one request held
-    for a minute leaves no gap between the others' successes)."""
+    finished (too little load to prove anything); fewer than MIN_PACE_REQUESTS successes
+    before the change (its pace unknown); a stretch without a success, or a request (with
+    several clients one request held for a minute leaves no gap between the others'
+    successes), longer than its bound. A bound is the larger of MAX_GAP_S (MAX_REQUEST_S)
+    and PACE_FACTOR times the median request before the change: on a busy machine the same
+    load is slower throughout, and only a stretch far beyond its own pace is a stall."""
     problems = []
     if result["failed"]:
         kinds = ", ".join(f"{k} {n}" for k, n in result["failures"].items())
@@ -289,9 +331,23 @@ def zero_drop_problems(result: dict[str, Any], *, min_requests: int, max_gap_s: 
     if result["requests"] < min_requests:
         problems.append(f"only {result['requests']} requests finished in {result['duration_s']} s; "
                         f"at least {min_requests} must, for the run to prove anything")
-    if result["longest_gap_s"] > max_gap_s:
+    pace = result.get("pace") or {}
+    median = pace.get("median_request_s")
+    if pace.get("change_at_s") is None:
+        problems.append("the load was not told when the change began (Load(change_after=...), mark_change(), "
+                        "or the probe's --change-after): its pace before the change is unknown")
+    elif pace.get("requests_before", 0) < MIN_PACE_REQUESTS or median is None:
+        problems.append(f"only {pace.get('requests_before', 0)} requests succeeded before the change "
+                        f"({pace['change_at_s']} s into the load); at least {MIN_PACE_REQUESTS} must, "
+                        f"to know the load's pace")
+    scaled = pace_factor * median if median is not None else 0.0
+    why = (f"the larger of {{floor}} s and {pace_factor:g} x the {median} s a request took before the change"
+           if median is not None else "the pace before the change unknown: {floor} s")
+    gap_bound, request_bound = max(max_gap_s, scaled), max(max_request_s, scaled)
+    if result["longest_gap_s"] > gap_bound:
         problems.append(f"{result['longest_gap_s']} s without a success (from {result['longest_gap_at_s']} s "
-                        f"into the load), over the bound of {max_gap_s} s")
-    if result["longest_request_s"] > max_request_s:
-        problems.append(f"a request took {result['longest_request_s']} s, over the bound of {max_request_s} s")
+                        f"into the load), over the bound of {gap_bound:.3g} s ({why.format(floor=max_gap_s)})")
+    if result["longest_request_s"] > request_bound:
+        problems.append(f"a request took {result['longest_request_s']} s, over the bound of {request_bound:.3g} s "
+                        f"({why.format(floor=max_request_s)})")
     return problems

@@ -8,6 +8,7 @@ of the upgrade and depends on neither release's virtualenv.
 
     python3 upgrade_probe.py --url URL --model NAME --out FILE [--key-file F] [--interval 0.1]
                              [--clients N] [--stream] [--max-tokens 4] [--prompt TEXT]
+                             [--change-after S]
 
 --clients N runs N such loops at once; with --stream every second one streams: the load
 of the drain measurements (scripts/measure-drain, docs/measurements.md) and of the
@@ -19,7 +20,8 @@ loops; once the requests in flight end, the result is written to FILE all-or-not
 one JSON object: schema, loadgen's counts (requests_started; requests, the finished ones:
 ok, failed, failures per kind, codes per HTTP status with 0 for no answer; longest_gap_s,
 the longest time without a success, the probe's start and stop counting as edges;
-longest_request_s), each outage (a stretch without a success of 1 s or more: when, how
+longest_request_s; pace: with --change-after S, the successes that ended in the first S
+seconds, before the change under load began, and their median time), each outage (a stretch without a success of 1 s or more: when, how
 long, how many requests failed in it), the first failures.
 """
 
@@ -66,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream", action="store_true", help="every second loop streams")
     ap.add_argument("--max-tokens", type=int, default=4, help="tokens each completion generates")
     ap.add_argument("--prompt", default="upgrade probe", help="the completions' prompt")
+    ap.add_argument("--change-after", type=float, default=None,
+                    help="seconds from the start to the change under load: the requests before it give the pace")
     args = ap.parse_args(argv)
     if not args.url.startswith(("http://", "https://")):
         print(f"--url {args.url!r}: must start with http:// or https://", file=sys.stderr)
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.__setitem__(0, True))
     load = loadgen.Load(args.url, args.model, key, clients=args.clients, stream=args.stream,
                         interval=args.interval, timeout=args.timeout, max_tokens=args.max_tokens,
-                        prompt=args.prompt).start()
+                        prompt=args.prompt, change_after=args.change_after).start()
     deadline = time.monotonic() + args.max_seconds
     while not stop[0] and time.monotonic() < deadline:
         time.sleep(0.05)  # the signal handler only sets the flag: nothing to deadlock on
