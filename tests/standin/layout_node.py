@@ -27,6 +27,7 @@ from typing import Any
 from .node import MODEL_CONFIG, REPO, NodeError, _status, _stop, _wait, free_ports
 
 from pdnode.core.plan import build_plan
+from pdnode.verify.metrics import Snapshot, histogram_delta, merge, parse
 
 
 @dataclasses.dataclass
@@ -140,17 +141,38 @@ def _one_request(port: int, body: bytes, timeout: float) -> tuple[float, float, 
         conn.close()
 
 
+def _decode_metrics(node: LayoutNode) -> Snapshot:
+    """The decode engines' scrapes as one (their TTFT, ITL and e2e histograms)."""
+    snaps = {}
+    for sid, eng in node.engines.items():
+        if eng["role"] == "decode":
+            conn = http.client.HTTPConnection("127.0.0.1", int(eng["url"].rsplit(":", 1)[1]), timeout=60)
+            try:
+                conn.request("GET", "/metrics")
+                snaps[sid] = parse(conn.getresponse().read().decode())
+            finally:
+                conn.close()
+    return merge(snaps)
+
+
 def closed_loop(node: LayoutNode, *, concurrency: int, input_len: int, output_len: int,
                 seconds: float) -> dict[str, Any]:
     """`concurrency` clients, each sending its next request when the last one ends, for
     `seconds`. The clients all start at once, so the first round is a burst, not the
-    steady state: what counts starts once every client has finished its first request."""
+    steady state: what counts starts once every client has finished its first request.
+
+    The report's latencies are the engines' (the decodes' TTFT, ITL and e2e histograms
+    over the counted requests), on the stand-in the simulated GPU's; its throughput is
+    Little's law over them (a closed loop without think time: X = C / mean e2e). The
+    client's clock, which on a busy machine measures the CPU, is kept under "client" for
+    information only."""
     t_start = time.monotonic()
     t_stop = t_start + seconds
     lock = threading.Lock()
     samples: list[tuple[float, float, float, float, int]] = []  # start, end, ttft, itl, tokens
     first_done: list[float] = []
     errors: list[str] = []
+    before: list[Snapshot] = []  # the decodes' metrics once every client finished its first request
 
     def client(k: int) -> None:
         i = 0
@@ -162,14 +184,18 @@ def closed_loop(node: LayoutNode, *, concurrency: int, input_len: int, output_le
             t0 = time.monotonic()
             try:
                 ttft, itl, tokens = _one_request(node.router_port, body, timeout=120)
+                if i == 0:
+                    with lock:
+                        first_done.append(time.monotonic())
+                        last_first = len(first_done) == concurrency
+                    if last_first:
+                        before.append(_decode_metrics(node))
             except (OSError, NodeError) as exc:
                 with lock:
                     errors.append(str(exc))
                 return
-            with lock:
-                if i == 0:
-                    first_done.append(time.monotonic())
-                else:
+            if i:
+                with lock:
                     samples.append((t0, time.monotonic(), ttft, itl, tokens))
             i += 1
 
@@ -180,39 +206,47 @@ def closed_loop(node: LayoutNode, *, concurrency: int, input_len: int, output_le
         t.join()
     if errors:
         raise NodeError(f"{len(errors)} request(s) failed: {errors[0]}\n{node.logs_tail()}")
-    if len(first_done) < concurrency or max(first_done) >= t_stop:
+    if len(first_done) < concurrency or max(first_done) >= t_stop or not before:
         raise NodeError(f"the run ended before every client finished its first request; run longer than {seconds} s")
     window_start = max(first_done)
     counted = [s for s in samples if s[0] >= window_start]
-    # throughput over the window in which all clients were busy
     done_in_window = [s for s in samples if window_start <= s[1] <= t_stop]
     duration = t_stop - window_start
-    n = len(counted)
+    if not counted:
+        raise NodeError(f"no request started after the first round; run longer than {seconds} s")
+    after = _decode_metrics(node)
+    engine = {}
+    for key, family in (("ttft", "sglang:time_to_first_token_seconds"), ("itl", "sglang:inter_token_latency_seconds"),
+                        ("e2e", "sglang:e2e_request_latency_seconds")):
+        delta = histogram_delta(before[0], after, family)
+        if delta is None or not delta.count > 0:
+            raise NodeError(f"the decodes' {family} did not grow over the run\n{node.logs_tail()}")
+        engine[key] = delta.mean
 
     def mean(vals: list[float]) -> float:
         return sum(vals) / len(vals)
 
-    if not counted:
-        raise NodeError(f"no request started after the first round; run longer than {seconds} s")
-    e2e = mean([s[1] - s[0] for s in counted])
-
     return {
-        "schema": "pdnode.bench/1", "host": "local", "client": {"kind": "tests/standin/layout_node.py"},
+        "schema": "pdnode.bench/1", "host": "local", "client": {
+            "kind": "tests/standin/layout_node.py",
+            # the client's clock: informational (on a busy machine it measures the CPU)
+            "completed_in_window_per_s": len(done_in_window) / duration,
+            "ttft_s_mean": mean([s[2] for s in counted]), "itl_s_mean": mean([s[3] for s in counted]),
+            "e2e_s_mean": mean([s[1] - s[0] for s in counted])},
         "layout": node.layout(),
         "workload": {"requests": len(samples), "concurrency": concurrency, "rate": None,
                      "input_len": input_len, "output_len": output_len, "range_ratio": 1.0},
         "results": {
-            "duration_s": duration, "completed": n, "failed": 0,
+            "duration_s": duration, "completed": len(counted), "failed": 0,
             # Little's law for a closed loop without think time (X = C / mean latency): exact
             # in steady state and, unlike completions / window, not biased by requests
             # straddling the window's edges when a request lasts a sizeable part of it
-            "request_throughput": concurrency / e2e,
-            "input_token_throughput": concurrency / e2e * input_len,
-            "output_token_throughput": concurrency / e2e * output_len,
-            "completed_in_window_per_s": len(done_in_window) / duration,
-            "ttft_s": {"mean": mean([s[2] for s in counted])},
-            "itl_s": {"mean": mean([s[3] for s in counted])},
-            "e2e_s": {"mean": e2e},
+            "request_throughput": concurrency / engine["e2e"],
+            "input_token_throughput": concurrency / engine["e2e"] * input_len,
+            "output_token_throughput": concurrency / engine["e2e"] * output_len,
+            "ttft_s": {"mean": engine["ttft"]},
+            "itl_s": {"mean": engine["itl"]},
+            "e2e_s": {"mean": engine["e2e"]},
         },
         "instances": {},
     }

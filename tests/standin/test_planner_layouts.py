@@ -11,9 +11,12 @@ more; the errors measured so far lie between -35% and +5%). How close each predi
 comes (the planner's accuracy) is a benchmark: printed here (`pytest -s`) and recorded,
 with its spread over runs, in docs/measurements.md. The stand-in keeps each rank's
 forward passes on its own timeline (scheduler.py), so CPU contention no longer stretches
-the simulated engine; what still moves the error is the closed loop's timing around it
-(at concurrency 32 the 1P1D the planner is fitted to falls into convoys: 4.5-6.0 req/s
-between runs, and every prediction follows it).
+the simulated engine, and the closed loop reports what the engines timed (their TTFT, ITL
+and e2e histograms; throughput by Little's law over that e2e: layout_node.closed_loop),
+not the client's clock, which on a busy machine measured the CPU: a run beside two CPU
+burners once predicted the no-attention-DP layout at 0.76x the fast ones. What still moves
+the measurement on a busy machine is the time a request spends outside the engines (fewer
+of the 32 requests are inside them at once, so they queue less).
 
 Those rates cannot see an instance miscounted: 1P1D, 2P1D and 1P2D have one capacity
 here, and a planner that drops 1P2D's second decode instance predicts it at 0.66x its
