@@ -13,7 +13,11 @@ REPO = Path(__file__).resolve().parents[3]
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 
 
+_CONFIG: list[pytest.Config] = []  # for the reporter of pytest_runtest_logreport
+
+
 def pytest_configure(config):
+    _CONFIG.append(config)
     config.addinivalue_line("markers", "day2: a day-2 test of the node (layouts, upgrade): scenario day2 runs them")
     config.addinivalue_line("markers", "repair: how a deploy repairs the node (drift matrix, interrupted deploys): "
                             "scenario repair runs them")
@@ -40,6 +44,25 @@ def pytest_runtest_makereport(item, call):
     except (OSError, subprocess.TimeoutExpired) as exc:
         text = f"(no journal: {exc})"
     report.sections.append((f"journal of {CONTAINER}'s services, the last {FAILURE_JOURNAL_LINES} lines", text))
+
+
+# A failure's text as soon as the test fails, not in the summary at the end: a stage that
+# is stopped later (a hang, its time limit) never prints that summary, and its log then
+# said only FAILED (a repair scenario beside two CPU burners, session 21).
+FAILURE_TEXT_CHARS = 6000
+
+
+def pytest_runtest_logreport(report):
+    if not report.failed:
+        return
+    text = report.longreprtext
+    if len(text) > FAILURE_TEXT_CHARS:
+        text = "...\n" + text[-FAILURE_TEXT_CHARS:]
+    sections = "".join(f"\n--- {title}\n{body}" for title, body in report.sections if title.startswith("journal of"))
+    reporter = _CONFIG[0].pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
+    if reporter is not None:  # the terminal's own writer: outside any capture
+        reporter.write_line(f"\n==== {report.nodeid} failed ({report.when}):\n{text}{sections}\n"
+                            f"==== end of {report.nodeid}")
 
 
 @pytest.fixture(scope="module")

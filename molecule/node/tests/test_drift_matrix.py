@@ -154,10 +154,12 @@ def test_every_drift_of_one_aspect_is_restored_by_one_deploy(matrix, host, aspec
     missed = [p for e, p in zip(entries, paths) if not drifted(aspect, e, baseline[p], planted[p])]
     assert missed == [], f"the {aspect} drift did not take on {missed}"
 
+    # a line before the deploy too: on a busy machine it can outlast the stage's idle limit
+    print(f"\n{aspect}: {len(entries)} paths drifted; the deploy starts", flush=True)
     start = time.monotonic()
     record = deploy(matrix["inventory"])
     took = time.monotonic() - start
-    print(f"\n{aspect}: {len(entries)} paths drifted, one deploy restored them in {took:.1f} s")
+    print(f"{aspect}: one deploy restored them in {took:.1f} s", flush=True)
     assert changed(record) > 0
 
     after = snapshot(host, [e["path"] for e in plan["managed"]])
