@@ -29,7 +29,11 @@ import yaml
 
 import host_load
 
-pytestmark = pytest.mark.day2  # scenario day2 runs these (molecule/day2)
+# Two scenarios run these, each on its own node, both deployed from the same description:
+# day2 the layout change and upgrade under load and the bad release, repair the upgrade
+# to sglang-router and the interrupted one back (a chain: the second starts where the first
+# ends). The day-2 scenario is the CI's longest chain; the repair scenario has room
+# (scripts/test's lanes, docs/measurements.md).
 
 REPO = Path(__file__).resolve().parents[3]
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
@@ -172,6 +176,7 @@ def wait_workers(host, want: set[str], deadline_s: float = 300) -> None:
         time.sleep(1)
 
 
+@pytest.mark.day2
 def test_a_layout_change_and_an_upgrade_keeping_the_router_leave_it_running_and_fail_nothing(
         host, versions, inventory, tmp_path):
     """On 2P2D under steady load (the upgrade's probe, host_load: PROBE_LOAD, every second
@@ -215,6 +220,7 @@ def test_a_layout_change_and_an_upgrade_keeping_the_router_leave_it_running_and_
     assert back.returncode == 0, back.stdout[-4000:]
 
 
+@pytest.mark.repair
 def test_upgrade_smg_to_sglang_router(host, versions):
     old, new = release("smg", versions["cu13"]), release("sglang-router", versions["cu13"])
     assert exec_python(host, ENGINE_UNITS[0]) == f"{old}/bin/python"
@@ -241,6 +247,7 @@ def test_upgrade_smg_to_sglang_router(host, versions):
     assert (doc["serving"]["venv"], doc["previous"]["venv"], doc["switching_to"]) == (new, old, None)
 
 
+@pytest.mark.repair
 def test_interrupted_upgrade_back_to_smg_rerun_ends_on_one_release(host, versions, inventory):
     """Killed (SIGKILL, the whole controller process group) while the engines restart,
     then the same command again: one release, verified, recorded."""
@@ -277,6 +284,7 @@ def test_interrupted_upgrade_back_to_smg_rerun_ends_on_one_release(host, version
     assert not host.service(f"{PREFIX}-upgrade-probe.service").is_running
 
 
+@pytest.mark.day2
 def test_bad_release_rolls_back_by_itself(host, versions):
     good, bad = release("smg", versions["cu13"]), release("smg", versions["cu13"] + ".post1")
     # The defective release: the serving release's packages, plus the defect.
