@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -334,3 +335,16 @@ def test_cli_one_line_errors():
         env={"PYTHONPATH": str(REPO / "src")}, timeout=30)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("pdnode.upgrade decide: no release serves")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "0.1.2"])
+def test_a_bad_prober_interval_is_refused_before_the_host_is_touched(value):
+    # The demo inventory's host is a container that need not exist: the refusal comes first.
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(REPO / "inventories" / "demo"),
+                           str(REPO / "playbooks" / "upgrade.yml"), "-e", f"upgrade_probe_interval_s={value}"],
+                          cwd=REPO, env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert f'upgrade_probe_interval_s is "{value}": it must be a number of seconds above 0' in proc.stdout, \
+        proc.stdout[-2000:]
+    assert "Read the host's release record" not in proc.stdout
