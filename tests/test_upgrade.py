@@ -101,6 +101,7 @@ def test_probe_process_reads_the_key_file_and_reports_on_sigterm(tmp_path):
     key.write_text("sekrit-key\n")
     r = _run_probe(tmp_path, server, served, lambda s: len(s) >= len(script) + 5, "--key-file", str(key))
     assert r["schema"] == upgrade_probe.SCHEMA
+    assert r["interval_s"] == 0.05  # what it was told, so a report says how fine its outages are
     # every request the server answered is in the report, each with its code (the one in
     # flight at SIGTERM ends first)
     assert r["requests_started"] == r["requests"] == len(served)

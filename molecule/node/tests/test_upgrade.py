@@ -242,6 +242,7 @@ def test_upgrade_smg_to_sglang_router(host, versions):
     assert report["from"]["pdnode_router_package"] == "smg" and report["to"]["pdnode_router_package"] == "sglang-router"
     assert report["verify"]["verify"] == {"passed": True, "failed_checks": []}
     assert report["probe"]["requests"] > 0 and report["longest_outage_s"] is not None
+    assert report["probe"]["interval_s"] == 0.25  # upgrade_probe_interval_s reached the prober
     for unit in ENGINE_UNITS:
         assert exec_python(host, unit) == f"{new}/bin/python", unit
     # a new router package: the router's own venv for it, and the router restarted from it

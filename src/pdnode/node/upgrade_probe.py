@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.05)  # the signal handler only sets the flag: nothing to deadlock on
     result = load.stop()
     try:
-        write_atomic(args.out, {"schema": SCHEMA, **result})
+        write_atomic(args.out, {"schema": SCHEMA, "interval_s": args.interval, **result})
     except OSError as exc:
         print(f"--out {args.out!r}: {exc.strerror}; the result was: {json.dumps(result)}", file=sys.stderr)
         return 1
