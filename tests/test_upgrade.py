@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pdnode.core import upgrade
 from pdnode.node import upgrade_probe
@@ -349,3 +350,13 @@ def test_a_bad_prober_interval_is_refused_before_the_host_is_touched(value):
     assert f'upgrade_probe_interval_s is "{value}": it must be a number of seconds above 0' in proc.stdout, \
         proc.stdout[-2000:]
     assert "Read the host's release record" not in proc.stdout
+
+
+def test_the_prober_interval_default_is_the_same_in_the_playbook_the_prober_and_the_pages():
+    play = yaml.safe_load((REPO / "playbooks" / "upgrade.yml").read_text())[0]
+    default = play["vars"]["upgrade_probe_interval_s"]
+    assert default == upgrade_probe.DEFAULT_INTERVAL_S
+    runbook = (REPO / "docs" / "runbooks" / "upgrade.md").read_text()
+    assert f"every {round(default * 1000)} ms (`-e upgrade_probe_interval_s=" in " ".join(runbook.split())
+    architecture = (REPO / "docs" / "architecture.md").read_text()
+    assert f"every `upgrade_probe_interval_s` ({default} s)" in architecture

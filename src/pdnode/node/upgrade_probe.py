@@ -55,13 +55,18 @@ def write_atomic(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+# The prober's pace when run alone (scripts/measure-drain); playbooks/upgrade.yml passes its
+# upgrade_probe_interval_s, whose default is the same (tests/test_upgrade.py compares them).
+DEFAULT_INTERVAL_S = 0.1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", required=True, help="the router's base URL")
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True, help="where the result goes (written on stop)")
     ap.add_argument("--key-file", default="", help="file holding the API key (empty: no key)")
-    ap.add_argument("--interval", type=float, default=0.1, help="seconds between a loop's request starts")
+    ap.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between a loop's request starts")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds one request may take")
     ap.add_argument("--max-seconds", type=float, default=3600.0, help="stop by itself after this long")
     ap.add_argument("--clients", type=int, default=1, help="loops at once (each at --interval)")
