@@ -24,6 +24,7 @@ from .instances import Instance
 from ..node.router_launch import router_argv
 from .ports import allocate
 from .plan_schema import SCHEMA_ID
+from .roles.views import views
 
 MODEL_KINDS = ("moe_mla", "moe", "dense")
 ENGINES = ("sglang", "sim")
@@ -97,7 +98,7 @@ class Plan:
         return router_argv(self.services["router"]["args"])
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        doc = {
             "schema": SCHEMA_ID, "host": self.host, "install": self.install, "services": self.services,
             "router_argv": self.router_argv() if "router" in self.services else [], "ports": self.ports,
             "settings": self.settings, "cluster": self.cluster, "firewall": self.firewall,
@@ -105,6 +106,9 @@ class Plan:
             # every path the deploy's roles write, its mode and owner, what a re-run restores
             "managed": managed.paths(self.install, self.services, bool(self.settings.get("pdnode_api_key_file"))),
         }
+        # what each role reads, computed from the records above (pdnode.core.roles)
+        doc["roles"] = views(doc)
+        return doc
 
 
 def _show(value: Any) -> str:

@@ -177,6 +177,15 @@ _KIND_TYPES: dict[str, Any] = {
 Settings = TypedDict("Settings", {f.name: _KIND_TYPES[f.kind] for f in FIELDS})  # type: ignore[misc]
 
 
+class PdServicesView(TypedDict):
+    """What the pd_services role reads (pdnode.core.roles.pd_services)."""
+
+
+class RoleViews(TypedDict):
+    """Each role's view of the plan (pdnode.core.roles): what it reads, computed."""
+    pd_services: PdServicesView
+
+
 class PlanDoc(TypedDict):
     """One host's plan, as every consumer reads it."""
     schema: Literal["pdnode.plan/1"]
@@ -190,6 +199,7 @@ class PlanDoc(TypedDict):
     firewall: Firewall
     warnings: list[str]
     managed: list[ManagedPath]  # every path the deploy's roles write (pdnode.core.managed)
+    roles: RoleViews  # what each role reads (pdnode.core.roles)
 
 
 def export() -> dict[str, Any]:
