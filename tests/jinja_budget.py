@@ -1,0 +1,53 @@
+"""How much program logic the roles hold: Jinja expressions and statements per role.
+
+The plan computes, the roles read (docs/decisions.md): a role's tasks, vars and templates
+read values the plan computed. What is counted is every ``{{`` and ``{%`` in a role's
+YAML files and templates (comments ``{#`` are not), per role and in all; the budget is
+what tests/test_jinja_budget.py holds the roles to. ``python tests/jinja_budget.py``
+prints the counts.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROLES = ROOT / "roles"
+EXPRESSION = re.compile(r"\{\{|\{%")
+# issue 43: the budget, and the vars/main.yml length of the largest role
+BUDGET = {"pd_services": 120, "all": 400}
+VARS_LINES = {"pd_services": 40}
+
+
+def files(role: Path) -> list[Path]:
+    return sorted(p for p in role.rglob("*") if p.is_file() and p.suffix in (".yml", ".yaml", ".j2"))
+
+
+def counts() -> dict[str, int]:
+    out = {role.name: sum(len(EXPRESSION.findall(p.read_text())) for p in files(role))
+           for role in sorted(ROLES.iterdir()) if role.is_dir()}
+    out["all"] = sum(out.values())
+    return out
+
+
+def from_yaml_of_template() -> list[str]:
+    """Places that parse a rendered template back (`lookup('template', ...) | from_yaml`)."""
+    return [f"{p.relative_to(ROOT)}:{n}" for role in ROLES.iterdir() if role.is_dir() for p in files(role)
+            for n, line in enumerate(p.read_text().splitlines(), 1)
+            if "from_yaml" in line and "template" in line]
+
+
+def main() -> int:
+    for name, n in counts().items():
+        budget = BUDGET.get(name)
+        print(f"{name:14} {n:4}" + (f"  (at most {budget})" if budget else ""))
+    for name, most in VARS_LINES.items():
+        lines = len((ROLES / name / "vars" / "main.yml").read_text().splitlines())
+        print(f"{name} vars/main.yml: {lines} lines (at most {most})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
