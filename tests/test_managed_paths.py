@@ -146,8 +146,6 @@ def rendered(tmp_path_factory):
     role_vars = {}
     for entry in deploy["roles"]:
         role_vars.update(entry.get("vars", {}))
-    defined = yaml.safe_load((ROOT / "roles/pd_services/vars/main.yml").read_text())["_pd_services_files"]
-    assert defined == "{{ lookup('ansible.builtin.template', 'files.yml.j2') | from_yaml }}", defined
     per_plan = {
         **role_vars, "_pdnode_plan": "{{ plan_item }}",
         # paths only: no wheelhouse's stamp; a key file named where the plan has a key
@@ -157,10 +155,10 @@ def rendered(tmp_path_factory):
         # writer's condition then says only whether the plan has what it writes (a router, a key)
         "pd_services_fast_path": False, "sglang_fast_path": False,
         "sglang_release_changed": True, "sglang_router_release_changed": True,
-        "__sglang_state": {"read": {}, "drift": [], "found": {}, "commands": {}},
-        # the role's own definition, its template found from outside the role
-        "_pd_services_files": "{{ lookup('ansible.builtin.template', '"
-                              + str(ROOT / "roles/pd_services/templates/files.yml.j2") + "') | from_yaml }}"}
+        "__sglang_state": {"read": {}, "drift": [], "found": {}, "commands": {}}}
+    # the role's own definitions (vars/main.yml), its templates found beside the play as
+    # they are found beside the role's tasks
+    (tmp / "templates").symlink_to(ROOT / "roles/pd_services/templates")
     # One task per writer (and per read), each over every plan: its message per plan, or
     # skipped where the writer's condition is false for that plan.
     tasks, seen, same = [], {}, {}

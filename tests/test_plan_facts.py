@@ -38,7 +38,7 @@ def _plan(changes: dict[str, Any] | None = None, inventory: str = "demo") -> dic
 
 
 def _render_files(plan: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
-    """The pd_services role's files (files.yml.j2, as the deploy renders them: Ansible's
+    """The pd_services role's files (_pd_services_files, as the deploy renders them: Ansible's
     template engine with the role's defaults and vars) for PLAN."""
     roles = ROOT / "roles"
     (tmp / "plan.json").write_text(json.dumps({"pd_services_plan": plan, "pdnode_out": str(tmp / "files.json")}))
@@ -46,10 +46,10 @@ def _render_files(plan: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
              "vars_files": [str(roles / "pd_services/defaults/main.yml"), str(roles / "pd_services/vars/main.yml"),
                             str(tmp / "plan.json")],
              "tasks": [{"name": "Write the files the role would write", "ansible.builtin.copy": {
-                 "content": "{{ lookup('ansible.builtin.template', '"
-                            + str(roles / "pd_services/templates/files.yml.j2") + "') }}",
-                 "dest": "{{ pdnode_out }}", "mode": "0600"}}]}]
+                 "content": "{{ _pd_services_files | to_json }}", "dest": "{{ pdnode_out }}", "mode": "0600"}}]}]
     (tmp / "render.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    # its templates found beside the play, as they are found beside the role's tasks
+    (tmp / "templates").symlink_to(roles / "pd_services/templates")
     # the role's templates name the collection's filters (pdnode.sglang_pd.*): the checkout
     # is that collection on the collections path ansible.cfg names (scripts/setup links it)
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".venv" / "collections"), "ANSIBLE_LOCALHOST_WARNING": "0",

@@ -131,12 +131,12 @@ def test_the_deploys_port_check_names_the_same_own_units(probe_s, tmp_path):
     env = {**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
            "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
     r = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
-                        "-m", "ansible.builtin.debug", "-a", "var=_pd_services_ports_argv",
+                        "-m", "ansible.builtin.debug", "-a", "var=_pd_services_view.ports_argv",
                         "-e", f"@{role / 'defaults' / 'main.yml'}", "-e", f"@{role / 'vars' / 'main.yml'}",
                         "-e", f"@{tmp_path / 'plan.json'}"],
                        capture_output=True, text=True, env=env, cwd=repo, timeout=300, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    argv = json.loads(r.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]["_pd_services_ports_argv"]
+    argv = json.loads(r.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]["_pd_services_view.ports_argv"]
     got = sorted(a.removeprefix("--own-unit=") for a in argv if a.startswith("--own-unit="))
     assert got == pf.own_units(plan) and (PROBE in got) == bool(probe_s)
 

@@ -18,7 +18,7 @@ value reaches an Exec*= line through one filter, pdnode_exec_line (double quotes
   backslashes, '\\x2f', control characters), started for real: the process gets them.
 
 The units are rendered by Ansible's own template engine (one ansible-playbook run on
-localhost: the role's files.yml.j2, as the deploy renders them), loaded into systemd 252
+localhost: the role's files with their templates, as the deploy renders them), loaded into systemd 252
 as PID 1 in one container of the project's substrate image (scripts/substrate) with one
 daemon-reload, and read back over D-Bus (busctl --json: `systemctl show` joins argv with
 spaces, so it cannot show where an argument ends). Docker is part of the toolchain
@@ -273,8 +273,8 @@ CASES_PER_PLAY = 8
 
 
 def _render(cases: list[Case], firewall: list[str], dcgm: list[str], tmp: Path) -> dict[str, dict[str, str]]:
-    """One ansible-playbook run on localhost: files.yml.j2 of each plan (the files the
-    pd_services role writes), the firewall unit of each prefix, the DCGM drop-in of each
+    """One ansible-playbook run on localhost: the files the pd_services role writes for each
+    plan (its _pd_services_files), the firewall unit of each prefix, the DCGM drop-in of each
     listen address, through ansible.builtin.template with the roles' defaults and vars."""
     out = tmp / "rendered"
     out.mkdir()
@@ -282,16 +282,18 @@ def _render(cases: list[Case], firewall: list[str], dcgm: list[str], tmp: Path) 
     var_files = [roles / "pd_services/defaults/main.yml", roles / "pd_services/vars/main.yml",
                  roles / "firewall/vars/main.yml", roles / "monitoring/defaults/main.yml",
                  roles / "monitoring/vars/main.yml"]
-    templates = {"files": roles / "pd_services/templates/files.yml.j2",
-                 "firewall": roles / "firewall/templates/firewall.service.j2",
+    templates = {"firewall": roles / "firewall/templates/firewall.service.j2",
                  "dcgm": roles / "monitoring/templates/dcgm-exporter.conf.j2"}
 
     def collect(what: str, loop: str, more: dict) -> dict:
         # debug runs on the controller: one template lookup per item, no module run; the
         # texts come back in the registered results, in loop order
+        # the pd_services role's files: its own definition (vars/main.yml), its templates found
+        # beside the play as they are found beside the role's tasks
+        text = "{{ _pd_services_files }}" if what == "files" else \
+            "{{ lookup('ansible.builtin.template', '" + str(templates[what]) + "') }}"
         return {"name": f"Render {what}",
-                "ansible.builtin.debug": {"msg": "{{ lookup('ansible.builtin.template', '" + str(templates[what])
-                                                 + "') }}"},
+                "ansible.builtin.debug": {"msg": text},
                 "loop": "{{ " + loop + " }}", "loop_control": {"loop_var": "pdnode_item", "label": "{{ pdnode_item }}"
                                                                 if what != "files" else "{{ pdnode_item.name }}"},
                 "vars": more, "register": f"pdnode_{what}"}
@@ -323,8 +325,10 @@ def _render(cases: list[Case], firewall: list[str], dcgm: list[str], tmp: Path) 
                   "'dcgm': pdnode_dcgm.results | map(attribute='msg') | list}", out / "others.json"),
         ]})
     (tmp / "render.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    (tmp / "templates").symlink_to(roles / "pd_services/templates")
     ansible = Path(sys.executable).parent / "ansible-playbook"
     env = {**os.environ, "ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins/filter"), "ANSIBLE_LOCALHOST_WARNING": "0",
+           "ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".venv" / "collections"),
            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0", "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
            "ANSIBLE_DISPLAY_OK_HOSTS": "false", "ANSIBLE_NOCOLOR": "1"}
     r = _run([str(ansible), "-i", "localhost,", "-e", f"ansible_python_interpreter={sys.executable}",
@@ -360,7 +364,7 @@ def loaded(tmp_path_factory) -> Loaded:
     units = tmp / "units"
     units.mkdir()
     for i, case in enumerate(cases):
-        for f in yaml.safe_load(rendered["files"][case.name]):
+        for f in rendered["files"][case.name]:
             name = Path(f["path"]).name
             sid = next((s for s, svc in case.plan["services"].items() if svc["unit"] == name), None)
             if sid is not None:  # the service units (the target and drop-ins have no Exec line)

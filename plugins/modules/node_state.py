@@ -96,13 +96,24 @@ options:
   commands:
     description:
       - Read-only commands (argument lists, no shell), each returned as rc, stdout and stderr
-        in RV(commands) under its key. Optional C(stdin) per command.
+        in RV(commands) under its key. Optional C(stdin) per command; with C(json) true, also
+        C(json), the JSON object its last line of output holds (null when none).
+      - A command with a C(differs) label is a check. Its key is in RV(differs.commands), and a
+        line naming the label and its output in RV(drift), when it exits non-zero or its last
+        line's JSON object says C(needed) true.
     type: dict
     default: {}
 """
 
 RETURN = r"""
-drift: {description: One line per way the host differs; empty when it is as asked., type: list, returned: always}
+drift: {description: One line per way the host differs (for people); empty when it is as asked., type: list, returned: always}
+differs:
+  description:
+    - What differs, by kind (files, directories, groups, users, packages, not_enabled, not_active, http,
+      commands), each the names (paths, units, ...) in the order asked; every kind is present, empty when nothing
+      of it differs. What a role branches on; RV(drift) says how each differs.
+  type: dict
+  returned: always
 read: {description: Path -> content (null when missing)., type: dict, returned: always}
 found: {description: Key -> sorted entry names matching its pattern., type: dict, returned: always}
 commands: {description: Key -> rc, stdout, stderr., type: dict, returned: always}
@@ -111,6 +122,7 @@ units: {description: Unit -> its is-enabled and is-active answers., type: dict, 
 
 import grp
 import hashlib
+import json
 import os
 import pwd
 import re
@@ -120,6 +132,10 @@ import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+
+# RV(differs)'s keys: what differs, by kind, each a list of names (paths, units, users, ...)
+DIFFER_KINDS = ("files", "directories", "groups", "users", "packages", "not_enabled", "not_active", "http",
+                "commands")
 
 
 def owner_drift(kind: str, path: str, st: os.stat_result, want: dict) -> list[str]:
@@ -167,13 +183,13 @@ def directory_drift(want: dict) -> list[str]:
     return owner_drift("directory", path, st, want)
 
 
-def package_drift(module: AnsibleModule, names: list[str]) -> list[str]:
+def package_drift(module: AnsibleModule, names: list[str]) -> list[tuple[str, str, str]]:
     if not names:
         return []
     # One dpkg-query for all; an unknown package is absent from stdout (and named on stderr).
     _, out, _ = module.run_command(["dpkg-query", "-W", "-f", "${Package}\t${Status}\n", *names])
     status = dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
-    return [f"package {name}: {status.get(name) or 'not installed'}" for name in names
+    return [("packages", name, f"package {name}: {status.get(name) or 'not installed'}") for name in names
             if status.get(name) != "install ok installed"]
 
 
@@ -191,29 +207,29 @@ def unit_states(module: AnsibleModule, units: list[dict]) -> dict:
             for i, name in enumerate(names)}
 
 
-def unit_drift(units: list[dict], states: dict) -> list[str]:
+def unit_drift(units: list[dict], states: dict) -> list[tuple[str, str, str]]:
     lines = []
     for unit in units:
         got = states[unit["name"]]
         if unit["enabled"] and got["enabled"] != "enabled":
-            lines.append(f"unit {unit['name']}: {got['enabled']}, wants enabled")
+            lines.append(("not_enabled", unit["name"], f"unit {unit['name']}: {got['enabled']}, wants enabled"))
         if unit["active"] and got["active"] != "active":
-            lines.append(f"unit {unit['name']}: {got['active']}, wants active")
+            lines.append(("not_active", unit["name"], f"unit {unit['name']}: {got['active']}, wants active"))
     return lines
 
 
-def account_drift(groups: list[str], users: list[dict]) -> list[str]:
+def account_drift(groups: list[str], users: list[dict]) -> list[tuple[str, str, str]]:
     lines = []
     for name in groups:
         try:
             grp.getgrnam(name)
         except KeyError:
-            lines.append(f"group {name}: missing")
+            lines.append(("groups", name, f"group {name}: missing"))
     for want in users:
         try:
             entry = pwd.getpwnam(want["name"])
         except KeyError:
-            lines.append(f"user {want['name']}: missing")
+            lines.append(("users", want["name"], f"user {want['name']}: missing"))
             continue
         try:
             group = grp.getgrgid(entry.pw_gid).gr_name
@@ -221,11 +237,11 @@ def account_drift(groups: list[str], users: list[dict]) -> list[str]:
             group = str(entry.pw_gid)
         for field, got in (("group", group), ("home", entry.pw_dir), ("shell", entry.pw_shell)):
             if want.get(field) is not None and got != want[field]:
-                lines.append(f"user {want['name']}: {field} {got}, wants {want[field]}")
+                lines.append(("users", want["name"], f"user {want['name']}: {field} {got}, wants {want[field]}"))
     return lines
 
 
-def http_drift(checks: list[dict]) -> list[str]:
+def http_drift(checks: list[dict]) -> list[tuple[str, str, str]]:
     # Straight to the address (loopback): a proxy from the environment is not the service.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     lines = []
@@ -237,12 +253,12 @@ def http_drift(checks: list[dict]) -> list[str]:
         except urllib.error.HTTPError as exc:
             status, body = exc.code, ""
         except (OSError, ValueError) as exc:
-            lines.append(f"http {url}: {getattr(exc, 'reason', exc)}")
+            lines.append(("http", url, f"http {url}: {getattr(exc, 'reason', exc)}"))
             continue
         if status != check["status"]:
-            lines.append(f"http {url}: status {status}, wants {check['status']}")
+            lines.append(("http", url, f"http {url}: status {status}, wants {check['status']}"))
         elif check.get("line") is not None and check["line"] not in body.splitlines():
-            lines.append(f"http {url}: no line {check['line']!r}")
+            lines.append(("http", url, f"http {url}: no line {check['line']!r}"))
     return lines
 
 
@@ -280,7 +296,38 @@ def run_commands(module: AnsibleModule, commands: dict) -> dict:
         if not isinstance(command, dict) or not isinstance(command.get("argv"), list) or not command["argv"]:
             module.fail_json(msg=f"commands.{key} is {command!r}; fix: give it as {{argv: [PROGRAM, ARG, ...]}}")
         results[key] = run_command(command["argv"], command.get("stdin"))
+        if command.get("json"):
+            results[key]["json"] = last_json_line(results[key]["stdout"])
     return results
+
+
+def command_drift(commands: dict, results: dict) -> list[tuple[str, str, str]]:
+    """A command given a C(differs) label is a difference when it fails, or when the JSON
+    object of its last line says C(needed): true; the line names the label and what it printed."""
+    lines = []
+    for key, command in commands.items():
+        label, got = command.get("differs"), results[key]
+        if not label:
+            continue
+        needed = bool((got.get("json") or {}).get("needed"))
+        if got["rc"] != 0 or needed:
+            said = [line for line in got["stdout"].splitlines() if line.strip()]
+            if got.get("json") is not None:
+                said = said[:-1]
+            detail = "; ".join(said) or got["stderr"].strip() or f"exit {got['rc']}"
+            lines.append(("commands", key, f"{label}: {detail}"))
+    return lines
+
+
+def last_json_line(stdout: str):
+    """The JSON object a command printed as its last line (pdnode.node's programs end so), or
+    None when there is none."""
+    lines = stdout.splitlines()
+    try:
+        value = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def run_command(argv: list, stdin: str | None) -> dict:
@@ -325,14 +372,21 @@ def main() -> None:
     )
     p = module.params
     units = unit_states(module, p["units"])
-    drift = [line for want in p["files"] for line in file_drift(want)]
-    drift += [line for want in p["directories"] for line in directory_drift(want)]
-    drift += account_drift(p["groups"], p["users"])
-    drift += package_drift(module, p["packages"])
-    drift += unit_drift(p["units"], units)
-    drift += http_drift(p["http"])
-    module.exit_json(changed=False, drift=drift, units=units, read=read_files(p["read"]),
-                     found=find_entries(module, p["find"]), commands=run_commands(module, p["commands"]))
+    # (kind, name, line) per difference: RV(drift) has the lines, RV(differs) the names by kind
+    found = [("files", want["path"], line) for want in p["files"] for line in file_drift(want)]
+    found += [("directories", want["path"], line) for want in p["directories"] for line in directory_drift(want)]
+    found += account_drift(p["groups"], p["users"])
+    found += package_drift(module, p["packages"])
+    found += unit_drift(p["units"], units)
+    found += http_drift(p["http"])
+    commands = run_commands(module, p["commands"])
+    found += command_drift(p["commands"], commands)
+    differs = {kind: [] for kind in DIFFER_KINDS}
+    for kind, name, _ in found:
+        if name not in differs[kind]:
+            differs[kind].append(name)
+    module.exit_json(changed=False, drift=[line for _, _, line in found], differs=differs, units=units,
+                     read=read_files(p["read"]), found=find_entries(module, p["find"]), commands=commands)
 
 
 if __name__ == "__main__":

@@ -127,6 +127,25 @@ options:
     type: list
     elements: path
     default: []
+  orphans:
+    description:
+      - The rule that names what the plan no longer has, the C(orphans) of
+        pdnode.core.roles.pd_services. Unit files in C(unit_dir) matching C(own_pattern)
+        that are not in C(keep) are disabled and removed with their drop-ins,
+        C(<config_dir>/<id>.json), C(<id>.env) and record C(<applied_dir>/<id>.sha256), the
+        id being the unit's name without C(<prefix>-) and C(.service). A coupling drop-in of
+        a unit found there that O(files) no longer lists is removed.
+      - Engine units systemd still runs (C(engine_pattern), not in C(keep)) whose files are
+        gone are named in RV(orphans) too, for the caller to stop.
+      - Added to O(disable) and O(remove).
+    type: dict
+  restart:
+    description:
+      - The restart rule, the C(restart) of pdnode.core.roles.pd_services. C(engines) in start
+        order, C(prefills), C(bound) (decodes bound to the node's one prefill), C(router)
+        (the router runs here), C(all) (a new release, so every engine restarts) and
+        C(router_venv) (the router's venv changed). RV(restart) answers it.
+    type: dict
 author: pdnode
 """
 
@@ -179,6 +198,20 @@ disabled:
   type: list
   elements: str
   returned: always
+orphans:
+  description:
+    - With O(orphans), what the plan no longer has. C(units), whose files were found, disabled
+      and removed; C(running), engine units systemd runs that the plan does not; C(stop), both,
+      to stop; C(any), whether there is one.
+  type: dict
+  returned: always
+restart:
+  description:
+    - With O(restart), what to restart, in order. C(engines), each to drain and restart in turn
+      (a decode bound to a restarting prefill restarts with it); C(router), whether the router
+      restarts; C(record), every service that restarts, to O(record) afterwards.
+  type: dict
+  returned: always
 """
 
 import glob
@@ -201,6 +234,7 @@ TMP_RE = re.compile(r"^\.pdnode-[A-Za-z0-9_]{8}\.tmp$")
 # them with this mode and owners), as _write_records makes them.
 RECORD_MODE = 0o600
 SECRET_DIFF = "(secret: content not shown)\n"  # noqa: S105 - a placeholder, not a password
+NO_RESTART = {"engines": [], "router": False, "record": []}
 
 
 def _current(path):
@@ -363,6 +397,56 @@ def _disable(module, units):
     return [u for u in units if u in err] if "Removed" in err else []
 
 
+def _list_units(module, prefix):
+    """The engine units systemd has loaded, active or not (a unit whose file is gone still
+    runs until stopped): name -> its ACTIVE column."""
+    systemctl = module.get_bin_path("systemctl")
+    if not systemctl:
+        return {}
+    rc, out, _ = module.run_command([systemctl, "list-units", "--all", "--plain", "--no-legend", "--type=service",
+                                     f"{prefix}-prefill*", f"{prefix}-decode*"], expand_user_and_vars=False)
+    return {fields[0]: fields[2] for fields in (line.split() for line in out.splitlines()) if len(fields) >= 3}
+
+
+def orphans(rule, planned_paths, unit_files, loaded):
+    """What the plan no longer has (RULE: the orphans option; UNIT_FILES: the names in its
+    unit_dir; LOADED: unit -> ACTIVE, as systemctl lists them): the units to disable and the
+    files to remove."""
+    own = re.compile(rule["own_pattern"])
+    engine = re.compile(rule["engine_pattern"])
+    keep = set(rule["keep"])
+    found = sorted(name for name in unit_files if own.fullmatch(name))
+    units = [name for name in found if name not in keep]
+    running = [name for name, active in loaded.items()
+               if active == "active" and engine.fullmatch(name) and name not in keep]
+    unit_dir, prefix = rule["unit_dir"], rule["prefix"] + "-"
+    remove = [os.path.join(unit_dir, name) for name in units]
+    for kind, base in (("json", rule["config_dir"]), ("env", rule["config_dir"]), ("sha256", rule["applied_dir"])):
+        remove += [os.path.join(base, f"{_orphan_id(name, prefix)}.{kind}") for name in units]
+    dropins = [os.path.join(unit_dir, name + ".d", "10-coupling.conf") for name in found]
+    remove += [path for path in dropins if path not in planned_paths and os.path.lexists(path)]
+    stop = list(dict.fromkeys(units + running))
+    return {"units": units, "running": running, "stop": stop, "any": bool(stop)}, remove
+
+
+def _orphan_id(unit, prefix):
+    name = unit[len(prefix):] if unit.startswith(prefix) else unit
+    return name[:-len(".service")] if name.endswith(".service") else name
+
+
+def restart_plan(rule, stale):
+    """Which services restart (RULE: the restart option; STALE: services whose files differ
+    from what they started with), in order: every engine after a new release, else the
+    stale ones; a decode bound to the node's one prefill restarts with it (BindsTo=), not
+    twice; the router after a new venv of its own or when stale."""
+    engines = list(rule["engines"]) if rule.get("all") else [e for e in rule["engines"] if e in stale]
+    with_prefill = any(e in rule["prefills"] for e in engines)
+    router = bool(rule.get("router")) and (bool(rule.get("router_venv")) or "router" in stale)
+    drained = [e for e in engines if not (with_prefill and e in rule["bound"])]
+    record = list(dict.fromkeys(engines + (list(rule["bound"]) if with_prefill else []) + (["router"] if router else [])))
+    return {"engines": drained, "router": router, "record": record}
+
+
 def _validate(module, staged, unit_dir):
     """Run every validator (argv, no shell); one line per failure, naming the file."""
     failures = []
@@ -422,6 +506,23 @@ def main():
             "applied_dir": {"type": "path"},
             "record": {"type": "list", "elements": "str"},
             "remove": {"type": "list", "elements": "path", "default": []},
+            "orphans": {"type": "dict", "options": {
+                "unit_dir": {"type": "path", "required": True},
+                "prefix": {"type": "str", "required": True},
+                "config_dir": {"type": "path", "required": True},
+                "applied_dir": {"type": "path", "required": True},
+                "own_pattern": {"type": "str", "required": True},
+                "engine_pattern": {"type": "str", "required": True},
+                "keep": {"type": "list", "elements": "str", "required": True},
+            }},
+            "restart": {"type": "dict", "options": {
+                "engines": {"type": "list", "elements": "str", "required": True},
+                "prefills": {"type": "list", "elements": "str", "required": True},
+                "bound": {"type": "list", "elements": "str", "required": True},
+                "router": {"type": "bool", "required": True},
+                "all": {"type": "bool", "default": False},
+                "router_venv": {"type": "bool", "default": False},
+            }},
         },
         supports_check_mode=True,
     )
@@ -432,6 +533,16 @@ def main():
     specs = p["files"] + [{**spec, "content": content, "secret": True, "unit": False}
                           for spec, content in zip(p["secrets"], p["secret_contents"])]
     listed = {spec["path"] for spec in specs}
+    gone = {"units": [], "running": [], "stop": [], "any": False}
+    if p["orphans"] is not None and p["record"] is None:
+        rule = p["orphans"]
+        try:
+            unit_files = os.listdir(rule["unit_dir"])
+        except (FileNotFoundError, NotADirectoryError):
+            unit_files = []
+        gone, remove = orphans(rule, listed, unit_files, _list_units(module, rule["prefix"]))
+        p["disable"] = list(dict.fromkeys(p["disable"] + gone["units"]))
+        p["remove"] = list(dict.fromkeys(p["remove"] + remove))
     bad = [path for path in p["remove"] if not os.path.isabs(path) or path in listed]
     if bad:
         module.fail_json(msg=f"remove: paths must be absolute and not among the files written: {bad}")
@@ -448,13 +559,13 @@ def main():
             module.fail_json(msg=f"record: unknown roles {unknown} (known: {roles})")
         if module.check_mode or not p["record"]:
             module.exit_json(changed=False, changed_paths=[], restart_roles=[], daemon_reload=False, recorded=[],
-                             disabled=[])
+                             disabled=[], orphans=gone, restart=NO_RESTART)
         sources = [(s["path"], s["roles"], _counted(s, _read(s["path"]))) for s in specs] \
             + _input_sources(p["inputs"], listed)
         digests = _digests(sources, roles)
         _write_records(p["applied_dir"], {r: digests[r] for r in p["record"]})
         module.exit_json(changed=True, changed_paths=[], restart_roles=[], daemon_reload=False,
-                         recorded=sorted(p["record"]), disabled=[])
+                         recorded=sorted(p["record"]), disabled=[], orphans=gone, restart=NO_RESTART)
 
     plan, diffs = [], []
     for spec in specs:
@@ -549,8 +660,10 @@ def main():
         module, [os.path.basename(item["path"]) for item in plan
                  if item["spec"]["unit"] and not _is_drop_in(item["path"])])
     changed_paths = [item["path"] for item in plan if item["write"]] + removed + records
+    answer = restart_plan(p["restart"], restart) if p["restart"] is not None else NO_RESTART
     module.exit_json(changed=bool(changed_paths or restart or reload_ or disabled), changed_paths=changed_paths,
-                     restart_roles=restart, daemon_reload=reload_, recorded=[], disabled=disabled, diff=diffs)
+                     restart_roles=restart, daemon_reload=reload_, recorded=[], disabled=disabled, diff=diffs,
+                     orphans=gone, restart=answer)
 
 
 if __name__ == "__main__":

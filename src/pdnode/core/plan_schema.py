@@ -177,8 +177,151 @@ _KIND_TYPES: dict[str, Any] = {
 Settings = TypedDict("Settings", {f.name: _KIND_TYPES[f.kind] for f in FIELDS})  # type: ignore[misc]
 
 
+class Owned(TypedDict):
+    """A path with the mode and owners a role gives it."""
+    path: str
+    mode: str
+    owner: str
+    group: str
+
+
+class RoleFile(TypedDict):
+    """A file as the pd_services_files module writes it: its content, or the role's template
+    that renders it (for service ``service``)."""
+    path: str
+    mode: str
+    owner: str
+    group: str
+    kind: Literal["config", "env", "unit", "drop-in"]
+    roles: list[str] | None  # the services that read it (a change restarts them); None: systemd does
+    unit: bool
+    validate: list[str] | None  # argv run on the candidate ("%s"), no shell
+    digest: str | None  # what counts in the restart decision instead of the content
+    content: str | None
+    template: str | None
+    service: str | None
+
+
+class SecretFile(TypedDict):
+    """The API key's file; its content stays a lookup of the role (a no_log option)."""
+    path: str
+    mode: str
+    owner: str
+    group: str
+    roles: list[str]
+    validate: list[str]
+
+
+class ServiceInput(TypedDict):
+    """A file another task installs that services read (a path or a glob)."""
+    path: str
+    roles: list[str]
+
+
+class ServiceView(TypedDict):
+    """What a service's unit, environment file and drop-ins write."""
+    id: str
+    role: Role
+    engine: bool
+    unit: str
+    stem: str  # the unit's name without .service (SyslogIdentifier=, RuntimeDirectory=)
+    env_file: str
+    environment: dict[str, str]
+    exec_start: str  # the ExecStart= value (pdnode.node.unitcheck.exec_line)
+    python: str
+    ready: list[str]
+    post_start: str | None
+    upholds: str
+    bound_to: str | None
+    restart_delay_s: int | None
+
+
+class ProbeView(TypedDict):
+    """What the pair probe's service and timer write."""
+    service: str
+    timer: str
+    stem: str
+    interval_s: int
+    exec_start: str
+    timeout_start_s: int
+    state_directory: str
+
+
+class ReadCommand(TypedDict):
+    """A node_state check (argv, no shell)."""
+    argv: list[str]
+    differs: str
+    stdin: NotRequired[str]
+    json: NotRequired[bool]
+
+
+class DrainSpec(TypedDict):
+    """pdnode.node.drain's spec: key file names, never keys."""
+    router: str
+    admin_key_file: str
+    api_key_file: str | None
+    timeout_s: int | float
+    workers: list[dict[str, Any]]
+
+
+class OrphanRule(TypedDict):
+    """How pd_services_files names the units the plan no longer has."""
+    unit_dir: str
+    prefix: str
+    config_dir: str
+    applied_dir: str
+    own_pattern: str  # every unit file the role may have written (a regular expression)
+    engine_pattern: str  # its engine units
+    keep: list[str]  # the plan's units
+
+
+class RestartRule(TypedDict):
+    """What pd_services_files's restart answer is computed from."""
+    engines: list[str]  # in start order
+    prefills: list[str]
+    bound: list[str]  # decodes bound to the node's one prefill
+    router: bool
+
+
 class PdServicesView(TypedDict):
     """What the pd_services role reads (pdnode.core.roles.pd_services)."""
+    user: str
+    home: str
+    config_dir: str
+    applied_dir: str
+    python: str
+    venv: str
+    target: str
+    state_directory: str
+    served_name: str
+    ids: list[str]  # services in start order
+    engine_ids: list[str]
+    units: list[str]
+    engine_units: list[str]
+    router: bool  # the router runs on this host
+    router_unit: str | None
+    probe_units: list[str]
+    timers: list[str]
+    probe: ProbeView | None
+    enable: list[str]  # enabled and kept running: the services, the probe's timer, the target
+    start_after_workers: list[str]
+    read_units: list[dict[str, str]]
+    bound_ids: list[str]
+    directories: list[Owned]
+    admin_key: Owned | None
+    admin_key_files: list[Owned]
+    secret_files: list[SecretFile]
+    inputs: list[ServiceInput]
+    files: list[RoleFile]
+    services: dict[str, ServiceView]
+    ports_argv: list[str]
+    reconcile_spec: str | None
+    read_commands: dict[str, ReadCommand]
+    router_host: str
+    drain: dict[str, DrainSpec]  # per engine id: it, and the decodes bound to it
+    drain_unplanned: DrainSpec
+    orphans: OrphanRule
+    restart: RestartRule
 
 
 class RoleViews(TypedDict):

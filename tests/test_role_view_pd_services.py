@@ -1,0 +1,268 @@
+"""The pd_services role's view of the plan (pdnode.core.roles.pd_services) and the run-time
+rules its modules answer with (pd_services_files: the orphans and the restart set;
+node_state: what differs, by kind): the cases the role's Jinja used to handle.
+
+That the files the role writes stay byte for byte what the role wrote before the view is
+held by the tests that render them with Ansible (test_unit_argv, test_plan_facts,
+test_managed_paths) and by the molecule scenarios."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.plugins.filter.core import to_nice_json
+from module_runner import load_module
+from planvars import changed, variables
+
+from pdnode.core.inventory import inventory_variables
+from pdnode.core.plan import build_plan
+from pdnode.core.roles.pd_services import nice_json
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES_MODULE = load_module(ROOT / "plugins" / "modules" / "pd_services_files.py")
+STATE_MODULE = load_module(ROOT / "plugins" / "modules" / "node_state.py")
+
+
+def _view(changes: dict[str, Any] | None = None, inventory: str = "demo") -> dict[str, Any]:
+    return build_plan(changed(variables(inventory), changes or {}), "node").as_dict()["roles"]["pd_services"]
+
+
+def _value(rng: random.Random, depth: int = 0) -> Any:
+    kinds = ["int", "float", "str", "bool", "none"] + (["list", "dict"] if depth < 3 else [])
+    kind = rng.choice(kinds)
+    if kind == "int":
+        return rng.randint(-10**12, 10**12)
+    if kind == "float":
+        return rng.uniform(-1e6, 1e6)
+    if kind == "str":
+        return "".join(rng.choice("aZ09 _-./:\"\\\n\té€😀") for _ in range(rng.randint(0, 12)))
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "none":
+        return None
+    if kind == "list":
+        return [_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    return {f"k{rng.randint(0, 99)}": _value(rng, depth + 1) for _ in range(rng.randint(0, 5))}
+
+
+def test_the_json_is_ansibles_to_nice_json_over_generated_values():
+    rng = random.Random(43)  # noqa: S311 - generated test values, not secrets
+    for _ in range(500):
+        value = {f"k{i}": _value(rng) for i in range(rng.randint(0, 6))}
+        assert nice_json(value) == to_nice_json(value, sort_keys=True)
+
+
+def test_every_file_kind_with_the_managed_mode_and_owners():
+    plan = build_plan(variables("demo"), "node").as_dict()
+    view = plan["roles"]["pd_services"]
+    managed = {m["path"]: m for m in plan["managed"] if m["role"] == "pd_services"}
+    kinds = {f["kind"] for f in view["files"]}
+    assert kinds == {"config", "env", "unit", "drop-in"}
+    for f in view["files"]:
+        assert (f["mode"], f["owner"], f["group"]) == tuple(managed[f["path"]][k] for k in ("mode", "owner", "group"))
+        assert (f["content"] is None) != (f["template"] is None), f["path"]
+        assert f["unit"] == (f["kind"] in ("unit", "drop-in"))
+    # every managed file but the keys and records is written by the module (the directories
+    # by account.yml, the records by the module's own digests, the admin key on the host)
+    listed = {f["path"] for f in view["files"]}
+    assert {p for p, m in managed.items() if m["kind"] not in ("directory", "record", "secret")} == listed
+    # each service's JSON is its arguments; the router's digest leaves out its workers
+    router = next(f for f in view["files"] if f["path"] == plan["services"]["router"]["config"])
+    assert json.loads(router["content"]) == plan["services"]["router"]["args"]
+    live = plan["services"]["router"]["live_args"]
+    assert live and not set(json.loads(router["digest"])) & set(live)
+    assert all(f["digest"] is None for f in view["files"] if f is not router)
+
+
+def test_a_file_the_plan_does_not_manage_is_a_defect_here():
+    from pdnode.core.roles import pd_services
+    plan = build_plan(variables("demo"), "node").as_dict()
+    with pytest.raises(KeyError, match="not among the plan's managed paths"):
+        pd_services._file({}, "/etc/x", "config", content="")
+    assert pd_services.files(plan, {m["path"]: m for m in plan["managed"]})
+
+
+def test_without_a_key_file_no_secret_and_no_key_input():
+    view = _view({"pdnode_api_key_file": None})
+    assert view["secret_files"] == []
+    assert all(not i["path"].endswith("/api-key") for i in view["inputs"])
+    assert all(spec["api_key_file"] is None for spec in view["drain"].values())
+
+
+def test_with_a_key_file_every_service_reads_it():
+    view = _view({"pdnode_api_key_file": "molecule/node/files/test-api-key"})
+    [secret] = view["secret_files"]
+    assert secret["roles"] == view["ids"] and secret["mode"] == "0400" and secret["validate"][-1] == "%s"
+    assert {"path": secret["path"], "roles": view["ids"]} in view["inputs"]
+    assert all(spec["api_key_file"] == secret["path"] for spec in view["drain"].values())
+
+
+def test_the_engines_read_the_release_venv_and_the_router_its_own():
+    view = _view()
+    by_path = {i["path"]: i["roles"] for i in view["inputs"]}
+    engines = view["engine_ids"]
+    assert by_path[f"{view['venv']}/.pdnode-release"] == engines
+    assert [r for p, r in by_path.items() if "/router-" in p and p.endswith(".pdnode-release")] == [["router"]]
+
+
+def test_a_router_on_another_host():
+    peers = inventory_variables(ROOT / "inventories/demo-cluster")
+    router_host = next(h for h in peers if h.endswith("router"))
+    for host in peers:
+        view = build_plan(peers[host], host, peers).as_dict()["roles"]["pd_services"]
+        assert view["router_host"] == router_host
+        if host != router_host:
+            assert not view["router"] and view["admin_key"] is None and view["admin_key_files"] == []
+            assert "reconcile" not in view["read_commands"] and view["reconcile_spec"] is None
+            assert view["probe"] is None and view["timers"] == []
+            assert not any(i["roles"] == ["router"] for i in view["inputs"])
+            assert view["start_after_workers"] == [view["target"]]
+        else:
+            assert view["router"] and view["admin_key_files"] == [view["admin_key"]]
+            assert view["read_commands"]["reconcile"]["json"] is True
+
+
+def test_the_pair_probe_off():
+    on, off = _view(), _view({"pdnode_pair_probe_interval_s": 0})
+    assert on["probe"] and on["timers"] == [on["probe"]["timer"]]
+    assert off["probe"] is None and off["timers"] == [] and off["probe_units"] == []
+    assert off["enable"] == off["units"] + [off["target"]]
+    assert not any("pair-probe" in f["path"] for f in off["files"])
+    assert not any("pair-probe" in u for u in off["orphans"]["keep"])
+
+
+def test_the_node_s_one_prefill_drains_with_its_bound_decodes():
+    view = _view(inventory="gpu01-1p2d")
+    assert view["bound_ids"] == ["decode-0", "decode-1"]
+    assert [w["id"] for w in view["drain"]["prefill-0"]["workers"]] == ["prefill-0", "decode-0", "decode-1"]
+    assert [w["id"] for w in view["drain"]["decode-1"]["workers"]] == ["decode-1"]
+    several = _view(inventory="gpu01-2p1d")
+    assert several["bound_ids"] == [] and [w["id"] for w in several["drain"]["prefill-0"]["workers"]] == ["prefill-0"]
+
+
+# --- pd_services_files: the units the plan no longer has ------------------------------------
+
+RULE = {"unit_dir": "/etc/systemd/system", "prefix": "sglang-pd", "config_dir": "/etc/sglang-pd",
+        "applied_dir": "/var/lib/pdnode/applied/sglang-pd",
+        "own_pattern": _view()["orphans"]["own_pattern"], "engine_pattern": _view()["orphans"]["engine_pattern"],
+        "keep": ["sglang-pd-prefill-0.service", "sglang-pd-decode-0.service", "sglang-pd-router.service",
+                 "sglang-pd-pair-probe.service", "sglang-pd-pair-probe.timer"]}
+
+
+@pytest.mark.parametrize("unit, orphan", [
+    ("sglang-pd-prefill.service", True),  # the one-instance releases' name
+    ("sglang-pd-decode.service", True),
+    ("sglang-pd-decode-1.service", True),  # an instance the layout dropped
+    ("sglang-pd-prefill-a7.service", True),
+    ("sglang-pd-pair-probe.service", False),  # planned
+    ("sglang-pd-decode-0.service", False),
+    ("sglang-pd-router.service", False),  # the router is never an orphan by name
+    ("sglang-pd.target", False),
+    ("other-pd-decode-1.service", False),  # another prefix: not ours
+    ("sglang-pd-decode-1.service.d", False),
+    ("sglang-pd-decode-X.service", False),
+])
+def test_each_naming_form_of_an_orphan_unit(unit, orphan):
+    gone, remove = FILES_MODULE.orphans(RULE, set(), [unit, *RULE["keep"]], {})
+    assert gone["units"] == ([unit] if orphan else [])
+    if orphan:
+        name = unit.removeprefix("sglang-pd-").removesuffix(".service")
+        assert remove == [f"/etc/systemd/system/{unit}", f"/etc/sglang-pd/{name}.json", f"/etc/sglang-pd/{name}.env",
+                          f"/var/lib/pdnode/applied/sglang-pd/{name}.sha256"]
+        assert gone["stop"] == [unit] and gone["any"]
+
+
+def test_the_probe_s_units_are_orphans_once_the_plan_drops_the_probe():
+    rule = {**RULE, "keep": RULE["keep"][:3]}
+    gone, _ = FILES_MODULE.orphans(rule, set(), ["sglang-pd-pair-probe.service", "sglang-pd-pair-probe.timer"], {})
+    assert gone["units"] == ["sglang-pd-pair-probe.service", "sglang-pd-pair-probe.timer"]
+
+
+def test_an_engine_unit_running_without_its_file_is_stopped():
+    loaded = {"sglang-pd-decode-1.service": "active", "sglang-pd-decode-2.service": "inactive",
+              "sglang-pd-decode-0.service": "active", "sglang-pd-router.service": "active"}
+    gone, remove = FILES_MODULE.orphans(RULE, set(), list(RULE["keep"]), loaded)
+    assert gone["units"] == [] and remove == []
+    assert gone["running"] == gone["stop"] == ["sglang-pd-decode-1.service"] and gone["any"]
+
+
+def test_a_coupling_drop_in_the_plan_no_longer_writes_is_removed(tmp_path):
+    rule = {**RULE, "unit_dir": str(tmp_path)}
+    for unit in ("sglang-pd-prefill-0.service", "sglang-pd-decode-0.service"):
+        (tmp_path / f"{unit}.d").mkdir()
+        (tmp_path / f"{unit}.d" / "10-coupling.conf").write_text("[Unit]\n")
+    planned = {str(tmp_path / "sglang-pd-decode-0.service.d" / "10-coupling.conf")}
+    gone, remove = FILES_MODULE.orphans(rule, planned, ["sglang-pd-prefill-0.service", "sglang-pd-decode-0.service"],
+                                        {})
+    assert not gone["any"]
+    assert remove == [str(tmp_path / "sglang-pd-prefill-0.service.d" / "10-coupling.conf")]
+
+
+# --- pd_services_files: the restart set and its order ---------------------------------------
+
+ONE_PREFILL = {"engines": ["prefill-0", "decode-0", "decode-1"], "prefills": ["prefill-0"],
+               "bound": ["decode-0", "decode-1"], "router": True}
+TWO_PREFILLS = {"engines": ["prefill-0", "prefill-1", "decode-0"], "prefills": ["prefill-0", "prefill-1"],
+                "bound": [], "router": True}
+
+
+@pytest.mark.parametrize("rule, stale, want", [
+    (ONE_PREFILL, [], {"engines": [], "router": False, "record": []}),
+    # the one prefill restarts its bound decodes with it (BindsTo=): they are not drained twice
+    (ONE_PREFILL, ["decode-1", "prefill-0"], {"engines": ["prefill-0"], "router": False,
+                                              "record": ["prefill-0", "decode-1", "decode-0"]}),
+    (ONE_PREFILL, ["decode-1"], {"engines": ["decode-1"], "router": False, "record": ["decode-1"]}),
+    ({**ONE_PREFILL, "all": True}, [], {"engines": ["prefill-0"], "router": False,
+                                        "record": ["prefill-0", "decode-0", "decode-1"]}),
+    (TWO_PREFILLS, ["decode-0", "prefill-1", "router"], {"engines": ["prefill-1", "decode-0"], "router": True,
+                                                          "record": ["prefill-1", "decode-0", "router"]}),
+    ({**TWO_PREFILLS, "router_venv": True}, [], {"engines": [], "router": True, "record": ["router"]}),
+    ({**TWO_PREFILLS, "router": False, "router_venv": True}, ["router"], {"engines": [], "router": False,
+                                                                         "record": []}),
+])
+def test_the_restart_set_in_start_order(rule, stale, want):
+    assert FILES_MODULE.restart_plan(rule, stale) == want
+
+
+def test_the_view_s_restart_rule_is_the_plan_s_order():
+    view = _view(inventory="gpu01-2p1d")
+    assert view["restart"]["engines"] == view["engine_ids"] == [s for s in view["ids"] if s != "router"]
+    assert view["restart"]["prefills"] == ["prefill-0", "prefill-1"]
+
+
+# --- node_state: what differs, by kind -----------------------------------------------------
+
+@pytest.mark.parametrize("got, differs", [
+    ({"rc": 0, "stdout": "", "stderr": ""}, False),
+    ({"rc": 1, "stdout": "port 8000 is held by nginx\n", "stderr": ""}, True),
+    ({"rc": 127, "stdout": "", "stderr": "env: 'python': No such file or directory\n"}, True),
+    ({"rc": 0, "stdout": 'decode-1 missing\n{"needed": true}\n', "stderr": "", "json": {"needed": True}}, True),
+    ({"rc": 0, "stdout": '{"needed": false}\n', "stderr": "", "json": {"needed": False}}, False),
+])
+def test_a_check_command_differs_when_it_fails_or_says_needed(got, differs):
+    lines = STATE_MODULE.command_drift({"c": {"argv": ["x"], "differs": "label"}}, {"c": got})
+    assert bool(lines) == differs
+    if differs:
+        [(kind, key, line)] = lines
+        assert (kind, key) == ("commands", "c") and line.startswith("label: ") and "needed" not in line
+    assert STATE_MODULE.command_drift({"c": {"argv": ["x"]}}, {"c": got}) == []
+
+
+@pytest.mark.parametrize("stdout, want", [("a\n{\"needed\": true}\n", {"needed": True}), ("", None),
+                                          ("not json\n", None), ("[1]\n", None)])
+def test_the_last_json_line(stdout, want):
+    assert STATE_MODULE.last_json_line(stdout) == want
+
+
+def test_a_unit_neither_enabled_nor_active_is_named_under_both_kinds():
+    states = {"a.service": {"enabled": "disabled", "active": "inactive"}, "b.timer": {"enabled": "enabled",
+                                                                                        "active": "active"}}
+    found = STATE_MODULE.unit_drift([{"name": "a.service", "enabled": True, "active": True},
+                                     {"name": "b.timer", "enabled": True, "active": True}], states)
+    assert [(k, n) for k, n, _ in found] == [("not_enabled", "a.service"), ("not_active", "a.service")]
+    assert all(re.match(r"^unit a[.]service: ", line) for _, _, line in found)
