@@ -197,7 +197,7 @@ TMP_PREFIX = ".pdnode-"
 TMP_SUFFIX = ".tmp"
 # mkstemp's names only: a leftover of a killed run, never anything else in /etc.
 TMP_RE = re.compile(r"^\.pdnode-[A-Za-z0-9_]{8}\.tmp$")
-# The records: the module's user's alone (root:root on a host: pdnode.core.managed lists
+# The records: the module's user's alone (root:root on a host: pdnode.core.plan.managed lists
 # them with this mode and owners), as _write_records makes them.
 RECORD_MODE = 0o600
 SECRET_DIFF = "(secret: content not shown)\n"  # noqa: S105 - a placeholder, not a password

@@ -1,10 +1,11 @@
 """The upgrade's decisions, on the controller: which release serves, where a rollback goes,
-the host's release record and the report. playbooks/upgrade.yml calls it with one JSON
-object on standard input and reads one JSON object on standard output:
+the host's release record and the report. playbooks/upgrade.yml calls them through their
+command line, pdnode.commands.upgrade, with one JSON object on standard input and reads one
+JSON object on standard output:
 
-    python -m pdnode.core.upgrade decide   {record, unit_venv (a venv or the router's ExecStart), target}          -> {from, to, record}
-    python -m pdnode.core.upgrade finish   {record, from, to, outcome}          -> record
-    python -m pdnode.core.upgrade report   {host, from, to, steps, verify, probe, rollback} -> report (schema pdnode.upgrade/1)
+    python -m pdnode.commands.upgrade decide   {record, unit_venv (a venv or the router's ExecStart), target}          -> {from, to, record}
+    python -m pdnode.commands.upgrade finish   {record, from, to, outcome}          -> record
+    python -m pdnode.commands.upgrade report   {host, from, to, steps, verify, probe, rollback} -> report (schema pdnode.upgrade/1)
 
 A release is the versions that name a release virtualenv (VERSION_KEYS) and that venv.
 The record (/var/lib/pdnode/releases/<prefix>.json on the host) names the release that
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from typing import Any
 
 RECORD_SCHEMA = "pdnode.release-record/1"
@@ -172,27 +172,3 @@ def build_report(doc: dict[str, Any]) -> dict[str, Any]:
         "longest_outage_s": probe.get("longest_gap_s") if probe else None,
         "rollback_s": round(rollback_s, 3) if rollback_s else None,
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0] not in ("decide", "finish", "report"):
-        print("usage: python -m pdnode.core.upgrade decide|finish|report < JSON", file=sys.stderr)
-        return 1
-    try:
-        doc = json.load(sys.stdin)
-        if argv[0] == "decide":
-            out = decide(doc.get("record"), doc.get("unit_venv") or "", doc["target"])
-        elif argv[0] == "finish":
-            out = finish(doc.get("record") or {}, doc["from"], doc["to"], doc["outcome"])
-        else:
-            out = build_report(doc)
-    except (UpgradeError, KeyError, TypeError, ValueError) as exc:
-        print(f"pdnode.upgrade {argv[0]}: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(out, sort_keys=True))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

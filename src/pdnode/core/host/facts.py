@@ -3,16 +3,18 @@
 Every function here takes text (what a command printed, what a /proc or /sys file
 held) and returns plain data. Nothing runs a command, nothing judges: the preflight
 role registers the raw outputs, :func:`collect` turns them into one facts dict, and
-``pdnode.core.preflight.judge`` decides what is wrong. The formats were checked against
+``pdnode.core.host.preflight.judge`` decides what is wrong. The formats were checked against
 real output captured on an NVIDIA H200 host (tests/fixtures/nvidia-smi/h200-1gpu/).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 from typing import Any
+
+# /proc/net/tcp and the sockets' owners: parsed where the host's own port check (node) reads them too
+from ...node.preflight import listening_sockets, parse_socket_owners, units_per_uid
 
 # nvidia-smi colours/underlines the topology header when it thinks it has a terminal
 # (and sometimes when it does not): strip ANSI escapes before parsing anything.
@@ -37,8 +39,6 @@ PCI_VENDOR_MELLANOX = "0x15b3"
 PCI_CLASS_GPU = ("0x0300", "0x0302")      # VGA controller, 3D controller
 PCI_CLASS_NVSWITCH = ("0x0680",)          # "Bridge: other" -- how NVSwitches enumerate
 PCI_CLASS_NIC = ("0x0200", "0x0207")      # Ethernet, InfiniBand
-
-TCP_STATE_LISTEN = "0A"
 
 
 def strip_ansi(text: str) -> str:
@@ -296,89 +296,6 @@ def nic_ranking(topo: dict[str, Any]) -> dict[int, list[dict[str, str]]]:
         ranked.sort(key=lambda r: (LINK_RANK.get(r["link"], 9), r["nic"]))
         out[int(dev[3:])] = ranked
     return out
-
-
-# --- /proc/net/tcp, sockets and their owners ----------------------------------------
-
-def _hex_ip(hexaddr: str) -> str:
-    raw = bytes.fromhex(hexaddr)
-    if len(raw) == 4:
-        return str(ipaddress.IPv4Address(raw[::-1]))
-    # IPv6: four 32-bit words, each in host (little-endian) order
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
-    addr = ipaddress.IPv6Address(words)
-    return str(addr.ipv4_mapped) if addr.ipv4_mapped else str(addr)
-
-
-def parse_proc_net_tcp(text: str) -> list[dict[str, Any]]:
-    """/proc/net/tcp or /proc/net/tcp6 -> sockets ``{address, port, state, uid, inode}``."""
-    out = []
-    for line in (text or "").splitlines()[1:]:
-        parts = line.split()
-        if len(parts) < 10 or ":" not in parts[1]:
-            continue
-        addr, port = parts[1].rsplit(":", 1)
-        try:
-            out.append({
-                "address": _hex_ip(addr), "port": int(port, 16), "state": parts[3].upper(),
-                "uid": int(parts[7]), "inode": int(parts[9]),
-            })
-        except ValueError:
-            continue
-    return out
-
-
-def listening_sockets(*tables: str) -> list[dict[str, Any]]:
-    """The LISTEN sockets of one or more /proc/net/tcp* texts."""
-    out = []
-    for text in tables:
-        out += [s for s in parse_proc_net_tcp(text) if s["state"] == TCP_STATE_LISTEN]
-    return out
-
-
-def parse_socket_owners(fd_links: str, cgroups: str = "") -> dict[int, dict[str, Any]]:
-    """Map socket inodes to the process and systemd unit holding them.
-
-    ``fd_links``: lines ``/proc/<pid>/fd socket:[<inode>]`` (``find /proc/[0-9]*/fd
-    -lname 'socket:*' -printf '%h %l\\n'``); ``cgroups``: lines
-    ``/proc/<pid>/cgroup:<line>`` (``grep -H`` over the cgroup files). The unit is the
-    last ``*.service``/``*.scope`` component of the process's cgroup path.
-    """
-    units = units_by_pid(cgroups)
-    owners: dict[int, dict[str, Any]] = {}
-    for line in (fd_links or "").splitlines():
-        m = re.match(r"^/proc/(\d+)/fd\s+socket:\[(\d+)\]$", line.strip())
-        if not m:
-            continue
-        pid, inode = int(m.group(1)), int(m.group(2))
-        owners.setdefault(inode, {"pid": pid, "unit": units.get(pid)})
-    return owners
-
-
-def units_by_pid(cgroups: str) -> dict[int, str | None]:
-    """pid -> the last ``*.service``/``*.scope`` of its cgroup path (lines as in
-    parse_socket_owners), None for a process outside any unit."""
-    units: dict[int, str | None] = {}
-    for line in (cgroups or "").splitlines():
-        m = re.match(r"^/proc/(\d+)/cgroup:(?:0::|\d+:name=systemd:)(\S*)", line.strip())
-        if not m:
-            continue
-        parts = [p for p in m.group(2).split("/") if p.endswith((".service", ".scope"))]
-        if parts or int(m.group(1)) not in units:  # hybrid hosts list v1 and v2 paths
-            units[int(m.group(1))] = parts[-1] if parts else units.get(int(m.group(1)))
-    return units
-
-
-def units_per_uid(uid_lines: str, cgroups: str = "") -> dict[int, list[str]]:
-    """uid -> the units its processes run in (``grep -H '^Uid:' /proc/*/status`` lines and
-    the cgroup lines); a process outside any unit counts as "?"."""
-    unit_of = units_by_pid(cgroups)
-    out: dict[int, set[str]] = {}
-    for line in (uid_lines or "").splitlines():
-        m = re.match(r"^/proc/(\d+)/status:Uid:\s+(\d+)", line.strip())
-        if m:
-            out.setdefault(int(m.group(2)), set()).add(unit_of.get(int(m.group(1))) or "?")
-    return {uid: sorted(units) for uid, units in out.items()}
 
 
 # --- RDMA devices -----------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """GPU / NUMA / NIC placement from ``nvidia-smi topo -m``: the topology and the results.
 
-Pure functions over what :func:`pdnode.core.hostfacts.parse_topo_matrix` returns (the one
+Pure functions over what :func:`pdnode.core.host.facts.parse_topo_matrix` returns (the one
 parser of that output; this module adds no second one). This module holds the view of
 the topology (:class:`Topo`), the result types (:class:`Advice` and its parts, with the
 text the CLI prints) and ``register(subparsers)``, which adds ``pdnode placement``. The
-judgement itself, per engine instance, is :func:`pdnode.core.placement_advice.advise`.
+judgement itself, per engine instance, is :func:`pdnode.core.host.placement_advice.advise`.
 
 Standard library only, Python >= 3.11. docs/placement.md describes the checks.
 """
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Iterable, Mapping
 
-from .exits import EXIT_FAILED, EXIT_OK
-from .hostfacts import LINK_RANK, nic_ranking
-from .instances import format_ids, gpus_text
+from ..exits import EXIT_FAILED, EXIT_OK
+from .facts import LINK_RANK, nic_ranking
+from ..rules.instances import format_ids, gpus_text
 
 ROLES = ("prefill", "decode")
 # /2: per engine instance ("instances", keyed by service id) instead of per role.

@@ -5,7 +5,7 @@ the NUMA node(s), CPU affinity and GPU interconnect of its GPUs, warns when a be
 placement of the instances on the host's GPUs exists (NUMA locality first, then the GPU
 links), checks each GPU's RDMA NIC against the GPU's NUMA node, and recommends a
 placement and a ``CPUAffinity=``/``NUMAPolicy=``/``NUMAMask=`` per instance as data.
-The topology view and the result types are :mod:`pdnode.core.placement`'s.
+The topology view and the result types are :mod:`pdnode.core.host.placement`'s.
 
 Standard library only, Python >= 3.11. docs/placement.md describes the checks.
 """
@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from .hostfacts import parse_topo_matrix
+from .facts import parse_topo_matrix
 from .placement import (CROSS_NUMA_LINKS, ROLES, Advice, InstanceView, NicCheck, Split, gpu_word, gpus_text,
                         links_key, Topo, format_ids, format_links)
 
@@ -185,7 +185,7 @@ def advise(topo: Mapping[str, Any] | str, services: Mapping[str, Any],
            nics: Mapping[Any, Any] | None = None) -> Advice:
     """Placement advice for a plan's engine instances on the host that ``topo`` describes.
 
-    ``topo``: :func:`pdnode.core.hostfacts.parse_topo_matrix`'s result (or the raw text, which
+    ``topo``: :func:`pdnode.core.host.facts.parse_topo_matrix`'s result (or the raw text, which
     is parsed with it); ``services``: the plan's ``services`` (service id -> service with
     ``id``, ``role``, ``gpus``; the router and any other role are skipped); ``nics``:
     ``pdnode_ib_devices`` (physical GPU id -> ``mlx5_N`` or a comma list), or None.

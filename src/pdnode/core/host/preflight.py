@@ -1,43 +1,21 @@
 """Preflight judgement: host facts + what the plan needs -> problems, one line each.
 
 ``judge(facts, expect)`` is the only place that decides whether a host can take the
-plan. ``facts`` comes from :func:`pdnode.core.hostfacts.collect`; ``expect`` from
-:func:`expectations` (the plan, with explicit overrides). Nothing here touches the host.
+plan. ``facts`` comes from :func:`pdnode.core.host.facts.collect`; ``expect`` from
+:func:`expectations` (the plan, with explicit overrides). Nothing here touches the host:
+the port judgement (``_ports``) is pdnode.node.preflight's, which runs it on the host too.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import sys
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from .hostfacts import GOOD_NIC_LINKS, LINK_RANK, roce_v2_ipv4
+from ...node.preflight import _J, Problem, _ports
+from .facts import GOOD_NIC_LINKS, LINK_RANK, roce_v2_ipv4
 
 DEFAULT_SUPPORTED_OS = ("ubuntu 22.04", "ubuntu 24.04", "debian 12")
 RDMA_BACKENDS = ("mooncake", "nixl")
 SEVERITIES = ("error", "warning")
-
-
-@dataclass(frozen=True)
-class Problem:
-    severity: str  # error | warning
-    check: str     # e.g. gpu.count, port.30000
-    value: Any
-    rule: str
-    fix: str
-
-    @property
-    def line(self) -> str:
-        return f"{self.severity.upper()} {self.check}={_show(self.value)}: {self.rule}. Fix: {self.fix}."
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "line": self.line}
-
-
-def _show(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
 
 
 # --- expectations ---------------------------------------------------------------------
@@ -139,17 +117,6 @@ def _coerce(key: str, value: Any) -> Any:
 
 # --- the checks -------------------------------------------------------------------------
 
-class _J:
-    def __init__(self) -> None:
-        self.problems: list[Problem] = []
-
-    def error(self, check: str, value: Any, rule: str, fix: str) -> None:
-        self.problems.append(Problem("error", check, value, rule, fix))
-
-    def warn(self, check: str, value: Any, rule: str, fix: str) -> None:
-        self.problems.append(Problem("warning", check, value, rule, fix))
-
-
 def _os(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
     os_ = facts.get("os") or {}
     dist = str(os_.get("id") or "").lower()
@@ -192,7 +159,7 @@ def _gpus(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> int | None:
         # hostfacts read no row under an unexpected header: its values would sit under other fields' names.
         j.error("gpu.query_header", facts["gpu_query_header_error"],
                 "nvidia-smi printed other columns than the preflight asked for, so no GPU row was read",
-                "update QUERY_GPU_FIELDS in src/pdnode/core/hostfacts.py and the query_gpu probe in "
+                "update QUERY_GPU_FIELDS in src/pdnode/core/host/facts.py and the query_gpu probe in "
                 "roles/preflight/vars/main.yml together for this driver")
     for line in facts.get("gpu_errors") or []:
         j.error("gpu.nvidia_smi", line, "nvidia-smi cannot query a GPU",
@@ -240,7 +207,7 @@ GPU_MEMORY_TOLERANCE = 0.02
 def _gpu_memory(j: _J, gpus: list[dict[str, Any]], model: str) -> None:
     """The host's memory.total against data/gpu-memory.json, which pdnode check's
     capacity check used for pdnode_gpu_model."""
-    from .capacity import GPU_TABLE, gpu_memory_mib
+    from ..rules.capacity import GPU_TABLE, gpu_memory_mib
 
     table_file = GPU_TABLE.relative_to(GPU_TABLE.parents[3]).as_posix()
     seen = sorted({g["memory_total_mib"] for g in gpus if g.get("memory_total_mib")})
@@ -452,36 +419,6 @@ def _memlock(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
                "apply the rdma role (limits.d for the service user) and log in again")
 
 
-def _ports(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
-    prefix = exp["own_unit_prefix"]
-    own_units = set(exp.get("own_units") or [])
-
-    def ours(unit: str) -> bool:
-        # The plan's unit names when known (exact), else any unit of our prefix.
-        return unit in own_units if own_units else bool(prefix) and unit.startswith(f"{prefix}-")
-
-    commands = facts.get("commands") or {}
-    if isinstance(commands, str):  # the raw cmdlines probe of the preflight role
-        commands = parse_cmdlines(commands)
-    by_port: dict[int, list[dict[str, Any]]] = {}
-    for s in facts.get("listeners") or []:
-        by_port.setdefault(int(s["port"]), []).append(s)
-    for name, port in sorted((exp["ports"] or {}).items(), key=lambda kv: kv[1]):
-        for s in by_port.get(int(port), []):
-            unit = s.get("unit")
-            if unit and ours(unit):
-                continue  # our own service holds it: a re-deploy
-            uid_units = s.get("uid_units") or []
-            if (own_units or prefix) and not unit and uid_units and all(ours(u) for u in uid_units):
-                continue  # owner unreadable, but its uid runs only our services
-            command = s.get("command") or commands.get(s.get("pid"))
-            who = (f"pid {s['pid']}" + (f" {command!r}" if command else "") + (f", unit {unit}" if unit else "")
-                   ) if s.get("pid") else "owner unknown" + (f", uid {s['uid']}" if s.get("uid") is not None else "")
-            j.error(f"port.{port}", f"{s['address']}:{port}", f"the port {name} needs is already in use ({who})",
-                    f"stop that process or choose another port for {name}")
-            break
-
-
 def _model(j: _J, facts: dict[str, Any], exp: dict[str, Any]) -> None:
     path = exp["model_path"]
     if not path:
@@ -544,67 +481,6 @@ def report(facts: dict[str, Any], expect: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# --- on the host: the same port judgement, from /proc now (the deploy's start step) ---------
-
-def parse_cmdlines(text: str) -> dict[int, str]:
-    """``grep -a -H '' /proc/[0-9]*/cmdline`` lines -> {pid: command line, NULs as spaces}."""
-    out: dict[int, str] = {}
-    for line in (text or "").splitlines():
-        m = re.match(r"^/proc/(\d+)/cmdline:(.*)$", line)
-        if m and m.group(2):
-            out[int(m.group(1))] = _short(m.group(2).replace("\0", " "))
-    return out
-
-
-def _short(command: str, limit: int = 120) -> str:
-    command = " ".join(command.split())
-    return command if len(command) <= limit else command[:limit - 3] + "..."
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""  # a process that ended meanwhile, or a file we may not read
-
-
-def live_listeners(proc: str = "/proc") -> list[dict[str, Any]]:
-    """The host's TCP listeners with owner pid, systemd unit and command line, read from
-    /proc the way the preflight's probes read them (run as root to see every owner)."""
-    from .hostfacts import listening_sockets, parse_socket_owners, units_per_uid
-
-    fd_lines, cgroup_lines, uid_lines = [], [], []
-    pids = [d for d in os.listdir(proc) if d.isdigit()]
-    for pid in pids:
-        cgroup_lines += [f"/proc/{pid}/cgroup:{line}" for line in _read(f"{proc}/{pid}/cgroup").splitlines()]
-        uid_lines += [f"/proc/{pid}/status:{line}" for line in _read(f"{proc}/{pid}/status").splitlines()
-                      if line.startswith("Uid:")]
-        try:
-            # Unreadable for another user's process without CAP_SYS_PTRACE (containers):
-            # then the socket's uid and the units that uid runs tell whose it is.
-            fds = os.listdir(f"{proc}/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"{proc}/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:"):
-                fd_lines.append(f"/proc/{pid}/fd {link}")
-    owners = parse_socket_owners("\n".join(fd_lines), "\n".join(cgroup_lines))
-    uid_units = units_per_uid("\n".join(uid_lines), "\n".join(cgroup_lines))
-    out = []
-    for s in listening_sockets(_read(f"{proc}/net/tcp"), _read(f"{proc}/net/tcp6")):
-        owner = owners.get(s["inode"], {})
-        pid = owner.get("pid")
-        command = _short(_read(f"{proc}/{pid}/cmdline").replace("\0", " ")) if pid else None
-        out.append({"address": s["address"], "port": s["port"], "pid": pid, "unit": owner.get("unit"),
-                    "command": command or None, "uid": s["uid"], "uid_units": uid_units.get(s["uid"], [])})
-    return out
-
-
 def own_units(plan: dict[str, Any]) -> list[str]:
     """The systemd units the plan runs on this host: the services' and, where the router's
     host runs it, the per-pair probe's (its process runs as the service user too, so a
@@ -613,35 +489,3 @@ def own_units(plan: dict[str, Any]) -> list[str]:
     units = [svc["unit"] for svc in services.values()]
     probe = (services.get("router") or {}).get("pair_probe")
     return sorted(units + ([probe["service"]] if probe else []))
-
-
-def port_problems(listeners: list[dict[str, Any]], ports: dict[str, int], own_units: list[str]) -> list[Problem]:
-    j = _J()
-    _ports(j, {"listeners": listeners}, {"ports": ports, "own_units": own_units, "own_unit_prefix": None})
-    return j.problems
-
-
-def main(argv: list[str] | None = None) -> int:
-    """python -m pdnode.core.preflight ports --own-unit UNIT ... NAME=PORT ...
-
-    One line per port of the plan that a process other than our units holds; exit 1
-    when there is one, 0 when every port is free or ours."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="pdnode.preflight")
-    ap.add_argument("what", choices=["ports"])
-    ap.add_argument("--own-unit", action="append", default=[], help="a unit of ours (may hold its ports)")
-    ap.add_argument("ports", nargs="+", metavar="NAME=PORT")
-    args = ap.parse_args(argv)
-    try:
-        ports = {name: int(port) for name, port in (p.rsplit("=", 1) for p in args.ports)}
-    except ValueError:
-        ap.error("ports are NAME=PORT")
-    problems = port_problems(live_listeners(), ports, args.own_unit)
-    for p in problems:
-        print(p.line)
-    return 1 if problems else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

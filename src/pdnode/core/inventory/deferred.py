@@ -5,7 +5,7 @@ run none of its code: no lookup (`lookup`, `query`, `q`: `pipe` runs a command, 
 reads one), no filter or test from outside ansible-core (a collection's or a plugin
 directory's Python), none of ansible-core's filters and tests that read the controller's
 filesystem, no `{% include %}` / `{% import %}` / `{% extends %}` of a file
-(pdnode.core.inventory_guard holds Ansible's templating to that). A value that needs one
+(pdnode.core.inventory.guard holds Ansible's templating to that). A value that needs one
 of them is not computed: its variable holds a ``Deferred``, the value as written, and
 the plan judges it here:
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..node import releases
+from ...node import releases
 
 REQUIRED = object()  # marker: the inventory must set it
 
@@ -138,8 +138,8 @@ FIELDS: tuple[Field, ...] = (
 )
 
 # The thresholds the verification judges (keys of pdnode_verify_thresholds): one table,
-# core/thresholds.py (it imports nothing, so the plan can read it cheaply).
-from .thresholds import THRESHOLD_KEYS  # noqa: E402, F401 - re-exported: plan.py, docs.py
+# core/inventory/thresholds.py (it imports nothing, so the plan can read it cheaply).
+from .thresholds import THRESHOLD_KEYS  # noqa: E402, F401 - re-exported: plan/build.py, docs.py
 
 BY_NAME = {f.name: f for f in FIELDS}
 
@@ -155,7 +155,7 @@ class InstanceKey:
 
 _K = InstanceKey
 # Keys of one entry of pdnode_prefill_instances / pdnode_decode_instances. A port left
-# out is allocated by the plan (pdnode.core.ports), collision-free.
+# out is allocated by the plan (pdnode.core.rules.ports), collision-free.
 INSTANCE_KEYS: tuple[InstanceKey, ...] = (
     _K("name", "str", None, "short name in the unit (<prefix>-<role>-<name>.service): a-z 0-9, at most 12; default the index"),
     _K("hosts", "str_list", [], "inventory hosts the instance runs on (default: the host being deployed); several "

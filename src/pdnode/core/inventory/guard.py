@@ -2,9 +2,9 @@
 
 `pdnode check` (and render, explain, plan) resolves an inventory with ansible-core's own
 inventory and variable managers and templates its values as the playbooks' hostvars do
-(pdnode.core.inventory). Left alone, that templating runs whatever a value asks for on
+(pdnode.core.inventory.read). Left alone, that templating runs whatever a value asks for on
 the controller: ``"{% set x = lookup('pipe', 'touch ran') %}hi"`` runs ``touch``. Someone
-who checks an inventory to review it must not run its code (pdnode.core.deferred says
+who checks an inventory to review it must not run its code (pdnode.core.inventory.deferred says
 what happens to such a value instead).
 
 ansible-core 2.21 has no switch for it: ``Templar.template(disable_lookups=...)`` is
@@ -41,7 +41,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from .inventory_limits import InventoryError
+from .limits import InventoryError
 
 # ansible-core's filters and tests whose answer is the controller's filesystem
 # (ansible/plugins/filter/core.py, ansible/plugins/test/files.py)

@@ -8,14 +8,14 @@ sees them. So ``pdnode check`` validates the value the deploy will use, by const
 (tests/test_inventory_ansible.py compares with ``ansible-inventory`` over many layouts).
 
 Before Ansible reads anything, every file it could read is held to size, nesting and
-alias-expansion limits (inventory_limits.py): an alias bomb or a 20,000-deep nesting is
+alias-expansion limits (limits.py): an alias bomb or a 20,000-deep nesting is
 refused in one line instead of running for minutes or ending in a traceback.
 
-Reading runs none of the inventory's code (inventory_guard.py): no lookup, no include, no
+Reading runs none of the inventory's code (guard.py): no lookup, no include, no
 filter or test from outside ansible-core or that reads the controller's files, no inventory
 script. A value that needs one is not computed: its variable (or the one string of a
 mapping or list that needs it) holds a ``deferred.Deferred``, the value as written, which
-the plan refuses or passes with a warning (pdnode.core.deferred).
+the plan refuses or passes with a warning (pdnode.core.inventory.deferred).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from .deferred import Deferred
-from .inventory_guard import guard, needs
-from .inventory_limits import InventoryError, check_limits
+from .guard import guard, needs
+from .limits import InventoryError, check_limits
 
 __all__ = ["HostVars", "InventoryError", "inventory_hosts", "inventory_variables", "load_inventory"]
 
@@ -100,7 +100,7 @@ _PROBE = "__pdnode_probe__"  # the name one string of a variable is templated un
 def _templated(whole: Callable[[], Any], one: Callable[[Any], Any], raw: Any, record: list[str], where: str,
                vault_type: type, error_type: type) -> Any:
     """A variable's value as the playbooks see it (``whole()``), plain; where templating
-    needed code (``record``, inventory_guard.py), a Deferred instead: of the whole value
+    needed code (``record``, guard.py), a Deferred instead: of the whole value
     when it is one string, else of each string of the mapping or list that needs it
     (``one(string)`` templates that string alone), so a message names the very key."""
     record.clear()
@@ -182,7 +182,7 @@ def _resolve_cached(_key: tuple, source: str) -> _Resolved:
     real_warning = display.warning
     display.warning = lambda msg, *a, **k: warnings.append(_first_line(Exception(msg)))  # type: ignore[method-assign]
     try:
-        with guard() as record:  # none of the inventory's code runs (inventory_guard.py)
+        with guard() as record:  # none of the inventory's code runs (guard.py)
             # messages name a file as inventories/gpu01/group_vars/all/x.yml does: from the
             # folder that holds the inventory
             base = os.path.dirname(os.path.abspath(source if os.path.isdir(source) else os.path.dirname(source)))

@@ -1,6 +1,6 @@
 """The threshold table and the metric names the verifier relies on: the ONE place they are written.
 
-No imports: pdnode.core.fields (inventory validation, docs/inventory.md) reads
+No imports: pdnode.core.inventory.fields (inventory validation, docs/inventory.md) reads
 THRESHOLD_KEYS and the verifier (pdnode.verify) the table and the metric names; it sits
 in core, below both. Metric names are SGLang 0.5.23's.
 """

@@ -15,15 +15,17 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from ..node import releases
-from . import argtable, cluster, deferred, disagg, guards, kv_path, managed, mooncake_select, router_judge, values
-from .resources import controller_dir
-from . import instances as inst_rules
-from .fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
-from .instances import Instance
-from ..node.router_launch import router_argv
-from .ports import allocate
-from .plan_schema import SCHEMA_ID
+from ...node import releases
+from . import cluster, kv_path, managed
+from ..inventory import deferred
+from ..rules import argtable, disagg, guards, mooncake_select, router_judge, values
+from ..resources import controller_dir
+from ..rules import instances as inst_rules
+from ..inventory.fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
+from ..rules.instances import Instance
+from ...node.router_launch import router_argv
+from ..rules.ports import allocate
+from .schema import SCHEMA_ID
 
 MODEL_KINDS = ("moe_mla", "moe", "dense")
 ENGINES = ("sglang", "sim")
@@ -84,7 +86,7 @@ class Plan:
     ports: dict[str, int]
     settings: dict[str, Any]  # the validated pdnode_* values, defaults filled in
     # Every host of the layout and every engine instance on it, the router's public URL
-    # (pdnode.core.cluster); on one host: this host on loopback.
+    # (pdnode.core.plan.cluster); on one host: this host on loopback.
     cluster: dict[str, Any] = field(default_factory=dict)
     firewall: dict[str, Any] = field(default_factory=dict)
     warnings: list[Problem] = field(default_factory=list)
@@ -182,7 +184,7 @@ def _retired_for(raw: dict[str, Any], name: str) -> bool:
 
 def _deferred(c: _Checker) -> None:
     """Values the inventory's reading did not compute because they need code run on the
-    controller (pdnode.core.deferred): refused where they reach a unit, an environment
+    controller (pdnode.core.inventory.deferred): refused where they reach a unit, an environment
     file, argv or ServerArgs; else a warning, and the plan is computed without them."""
     kept: dict[str, Any] = {}
     for name in c.raw:
@@ -409,7 +411,7 @@ def build_plan(variables: dict[str, Any], host: str = "node",
 def _check_capacity(c: _Checker, v: dict[str, Any], engines: list[Instance], skip: set[str]) -> None:
     """Do the weights fit each instance's GPUs (with KV room)? Only when the inventory
     says how big they are (pdnode_model_weights_gb or pdnode_model_controller_path)."""
-    from . import capacity  # reads files only when a controller path is set
+    from ..rules import capacity  # reads files only when a controller path is set
 
     if {"pdnode_model_weights_gb", "pdnode_model_controller_path"} & skip:
         return
@@ -538,7 +540,7 @@ def router_venv_name(package: str, version: str) -> str:
 
 
 def _kv_path(c: _Checker, v: dict[str, Any], multi_host: bool, ib_map: dict[int, str]) -> dict[str, Any]:
-    """The layout's KV path (pdnode.core.kv_path), with the TTFT it adds to the layout's prompt
+    """The layout's KV path (pdnode.core.plan.kv_path), with the TTFT it adds to the layout's prompt
     size; TCP on real engines is a warning that says what it costs. The engines' environment
     is judged against the path: what the plan says must be what they will do."""
     kv = kv_path.choose(v, multi_host, bool(ib_map))
@@ -627,7 +629,7 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
             continue
         args = _server_args(v, inst, inst.bootstrap_port if inst.role == "prefill" else first_bootstrap, ib_map,
                             layout)
-        args["disaggregation_transfer_backend"] = kv["backend"]  # mooncake under NVLink (pdnode.core.kv_path)
+        args["disaggregation_transfer_backend"] = kv["backend"]  # mooncake under NVLink (pdnode.core.plan.kv_path)
         base = f"http://{_url_host(args['host'])}"
         # Node rank 0 serves the API; a rank >= 1 of an instance spanning hosts serves only
         # SGLang's dummy health server on the same port (200 once its schedulers run).
@@ -826,7 +828,7 @@ def _pair_probe(v: dict[str, Any], install: dict[str, str], engines: dict[str, d
 def _settings(v: dict[str, Any], engines: list[Instance], multi_host: bool, kv: dict[str, Any]) -> dict[str, Any]:
     """The validated values, instances normalised (every key filled, ports allocated;
     where they run only when the layout spans hosts). Real engines' KV-speed floor, when
-    the inventory sets none, is the path's (pdnode.core.kv_path.floor_gb_s): the verify and the
+    the inventory sets none, is the path's (pdnode.core.plan.kv_path.floor_gb_s): the verify and the
     alert rules read it from here."""
     out = dict(v)
     if kv["floor_from_path"]:

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .deferred import REFUSED_FIX, REFUSED_RULE, Deferred, leaves
-from .instances import Instance
-from .values import zone_id
+from ..inventory.deferred import REFUSED_FIX, REFUSED_RULE, Deferred, leaves
+from ..rules.instances import Instance
+from ..rules.values import zone_id
 
 # What every host of one layout must agree on: the plan of each host reads them.
 LAYOUT_VARIABLES = (
@@ -108,8 +108,8 @@ def _addresses(c: Any, v: dict[str, Any], host: str, names: list[str],
                     f"set pdnode_node_address in host_vars/{name} (an IP address the other hosts reach)")
             continue
         if field in {p.field for p in c.problems}:
-            continue  # this host's own value, already refused by its pattern (pdnode.core.values)
-        if isinstance(value, Deferred):  # another host's, not computed (pdnode.core.deferred)
+            continue  # this host's own value, already refused by its pattern (pdnode.core.rules.values)
+        if isinstance(value, Deferred):  # another host's, not computed (pdnode.core.inventory.deferred)
             c.error("value-needs-lookup", field, str.__str__(value), REFUSED_RULE.format(needs=value.needs),
                     REFUSED_FIX)
             continue
@@ -144,7 +144,7 @@ def _same_description(c: Any, host: str, names: list[str], inventory: Mapping[st
         theirs = inventory[name]
         deferred = {var: leaves(theirs.get(var), f"{name}.{var}") for var in LAYOUT_VARIABLES}
         for where, leaf in (found for var in LAYOUT_VARIABLES for found in deferred[var]):
-            # not computed (pdnode.core.deferred): what it will be is not known here
+            # not computed (pdnode.core.inventory.deferred): what it will be is not known here
             c.error("value-needs-lookup", where, str.__str__(leaf), REFUSED_RULE.format(needs=leaf.needs), REFUSED_FIX)
         differs = [var for var in LAYOUT_VARIABLES if not deferred[var] and theirs.get(var) != c.raw.get(var)]
         if differs:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from .exits import EXIT_CANNOT_RUN, EXIT_FAILED
-from .inventory import InventoryError, inventory_variables, load_inventory
-from .plan import Plan, PlanError, Problem, build_plan
+from ..exits import EXIT_CANNOT_RUN, EXIT_FAILED
+from ..inventory.read import InventoryError, inventory_variables, load_inventory
+from .build import Plan, PlanError, Problem, build_plan
 
 
 class Loaded(NamedTuple):

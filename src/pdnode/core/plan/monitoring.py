@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from . import resources
+from .. import resources
 
 TEMPLATE = resources.resource("templates", "prometheus", "pdnode-alerts.rules.template.yml")
 
@@ -284,7 +284,7 @@ def scrape_config(plan: dict[str, Any], *, node_exporter: str = NODE_EXPORTER_AD
 def render_scrape_config(plan: dict[str, Any], **kwargs: Any) -> str:
     """prometheus.yml for this plan (YAML text, ready for `promtool check config`)."""
     header = (f"# Prometheus configuration for PD node {plan['host']}: rendered from the plan by\n"
-              "# pdnode.core.monitoring.scrape_config (roles/monitoring). Do not edit; re-run the playbook.\n")
+              "# pdnode.core.plan.monitoring.scrape_config (roles/monitoring). Do not edit; re-run the playbook.\n")
     return header + yaml.safe_dump(scrape_config(plan, **kwargs), sort_keys=False, width=120)
 
 

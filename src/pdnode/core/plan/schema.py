@@ -4,7 +4,7 @@
 roles (through the ``pdnode_plan`` filter), the verifier, collect, the bench counters,
 the upgrade, the runbooks and the monitoring rules. These records say what it holds; the
 JSON Schema in ``data/pdnode.plan-1.schema.json`` is exported from them
-(``python -m pdnode.core.plan_schema --write``; tests/test_plan_schema.py keeps it fresh
+(``python -m pdnode.core.plan.schema --write``; tests/test_plan_schema.py keeps it fresh
 and validates the plan of every example inventory against it with the jsonschema
 package). A change of shape that breaks a reader is a new version, ``pdnode.plan/2``.
 
@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
-from .fields import FIELDS
+from ..inventory.fields import FIELDS
 
-from ..node.plan_file import SCHEMA_ID  # one definition: the host readers check it
-SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "pdnode.plan-1.schema.json"
+from ...node.plan_file import SCHEMA_ID  # one definition: the host readers check it
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "data" / "pdnode.plan-1.schema.json"
 
 Role = Literal["prefill", "decode", "router"]
 KvPath = Literal["nvlink", "rdma", "tcp"]
@@ -156,7 +156,7 @@ class Firewall(TypedDict):
 
 
 class ManagedPath(TypedDict):
-    """A path the deploy's roles write (pdnode.core.managed), as they write it."""
+    """A path the deploy's roles write (pdnode.core.plan.managed), as they write it."""
     path: str
     kind: Literal["directory", "config", "env", "unit", "drop-in", "record", "secret", "marker"]
     mode: str  # octal, as the roles give it
@@ -168,7 +168,7 @@ class ManagedPath(TypedDict):
 
 
 # The settings are the validated pdnode_* values with defaults filled in: their types are
-# the field table's (pdnode.core.fields), not a second list.
+# the field table's (pdnode.core.inventory.fields), not a second list.
 _KIND_TYPES: dict[str, Any] = {
     "int": int, "float": float, "str": str, "bool": bool, "int_list": list[int], "str_list": list[str],
     "dict": dict[str, Any], "str_or_none": str | None, "int_or_none": int | None, "float_or_none": float | None,
@@ -189,7 +189,7 @@ class PlanDoc(TypedDict):
     cluster: Cluster
     firewall: Firewall
     warnings: list[str]
-    managed: list[ManagedPath]  # every path the deploy's roles write (pdnode.core.managed)
+    managed: list[ManagedPath]  # every path the deploy's roles write (pdnode.core.plan.managed)
 
 
 def export() -> dict[str, Any]:

@@ -5,7 +5,7 @@ using all pdnode_gpu_count GPUs; sizes are powers of two (what SGLang's TP group
 attention heads divide into). Prefill runs plain TP (attention DP and EP are decode
 choices here); a decode instance of size t picks attention-DP and EP sizes among the
 powers of two dividing t and EP 1 or t, EP only for MoE kinds. Every PD candidate is judged by the
-plan itself (pdnode.core.plan.build_plan on the inventory with the candidate's instances):
+plan itself (pdnode.core.plan.build.build_plan on the inventory with the candidate's instances):
 what the plan refuses is listed as rejected with its first reason, never ranked as
 deployable. Colocated layouts (k unified instances) are ranked for comparison only: this
 bundle deploys PD.
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .plan import PlanError, build_plan
+from ..plan.build import PlanError, build_plan
 
 # Instance keys the planner decides; every other key of the inventory's first instance of a
 # role (mem_fraction_static, extra_args, ...) is carried into each candidate instance.
@@ -48,7 +48,7 @@ class Candidate:
     decode: tuple[Inst, ...]  # colocated: the unified instances
     deployable: bool = False
     rejected: str | None = None  # the plan's first reason
-    kv_path: str | None = None  # how its KV moves, as the plan chose (pdnode.core.kv_path): nvlink, rdma, tcp, nixl
+    kv_path: str | None = None  # how its KV moves, as the plan chose (pdnode.core.plan.kv_path): nvlink, rdma, tcp, nixl
     variables: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -75,7 +75,7 @@ class Infeasible(PriorError):
 class Layout:
     """A PD layout in pdnode's terms: instances of one size per role. decode_tp is the
     decode instance's GPU count (SGLang's tp_size), split into decode_attn_dp attention
-    ranks; decode_ep its expert-parallel size. Prefill is plain TP (planner_layouts)."""
+    ranks; decode_ep its expert-parallel size. Prefill is plain TP (layouts.py)."""
 
     prefill_tp: int
     prefill_workers: int
@@ -259,7 +259,7 @@ def bundled_config(model: str) -> dict[str, Any] | None:
 
 def kv_bytes_per_token(model: str) -> int | None:
     """KV cache bytes per prompt token of the bundled config (bf16 cache, as the plan counts)."""
-    from .kv_path import kv_bytes_from_config
+    from ..plan.kv_path import kv_bytes_from_config
 
     return kv_bytes_from_config(bundled_config(model))
 

@@ -8,12 +8,12 @@ The tables are generated from the real parsers and committed as small JSON files
 ``pdnode check`` judges values on a controller that has neither package installed:
 
     # SGLang (in the validator environment, scripts/sglang-validator):
-    PYTHONPATH=src "$(scripts/sglang-validator)" -m pdnode.core.argtable sglang \
+    PYTHONPATH=src "$(scripts/sglang-validator)" -m pdnode.core.rules.argtable sglang \
         > src/pdnode/data/serverargs-0.5.23.json
     # sglang-router (installed in .venv):
-    .venv/bin/python -m pdnode.core.argtable router > src/pdnode/data/routerargs-0.3.2.json
+    .venv/bin/python -m pdnode.core.rules.argtable router > src/pdnode/data/routerargs-0.3.2.json
     # smg, the router's successor (a Python with smg installed):
-    PYTHONPATH=src python -m pdnode.core.argtable smg > src/pdnode/data/routerargs-smg-1.13.0.json
+    PYTHONPATH=src python -m pdnode.core.rules.argtable smg > src/pdnode/data/routerargs-smg-1.13.0.json
 
 tests/conformance/test_argtables.py and tests/test_plan_hostile.py check both are current.
 """
@@ -27,7 +27,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from ..node import releases
+from ...node import releases
 
 SGLANG_TABLE = f"data/serverargs-{releases.SGLANG}.json"
 ROUTER_TABLE = f"data/routerargs-{releases.SGLANG_ROUTER}.json"

@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
-GPU_TABLE = Path(__file__).resolve().parents[1] / "data" / "gpu-memory.json"
+GPU_TABLE = Path(__file__).resolve().parents[2] / "data" / "gpu-memory.json"
 INDEX_FILE = "model.safetensors.index.json"
 MIB = 1 << 20
 GIB = 1 << 30
@@ -53,7 +53,7 @@ class Finding(NamedTuple):
 
     @property
     def rule_id(self) -> str:
-        """Its id in pdnode.core.rules. check_instances makes three kinds, told apart by
+        """Its id in pdnode.core.rules.catalogue. check_instances makes three kinds, told apart by
         severity and field (derived, so a Finding compares equal by its five fields)."""
         if self.severity == "warning":
             return "capacity-gpu-known"
@@ -65,7 +65,7 @@ class WeightsError(ValueError):
 
     def __init__(self, rule_id: str, field: str, value: Any, rule: str, fix: str):
         super().__init__(f"{field}={value!r}: {rule}. Fix: {fix}.")
-        self.rule_id = rule_id  # pdnode.core.rules
+        self.rule_id = rule_id  # pdnode.core.rules.catalogue
         self.field, self.value, self.rule, self.fix = field, value, rule, fix
 
 

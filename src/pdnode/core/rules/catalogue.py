@@ -38,7 +38,7 @@ RULES: tuple[Rule, ...] = (
          "variables, the site's own, the verification's, ...) needs code run on the controller: check runs none, "
          "so the deploy templates it and check does not judge it"),
     Rule("role-variable-pattern", "error", "a role variable an inventory may set (`pd_services_*`, `sglang_*`, "
-         "`mooncake_*`, `rdma_*`, `nvidia_driver_*`, `monitoring_*`: `pdnode.core.values.ROLE_RULES`) does not match the "
+         "`mooncake_*`, `rdma_*`, `nvidia_driver_*`, `monitoring_*`: `pdnode.core.rules.values.ROLE_RULES`) does not match the "
          "pattern its role asserts (interpreters, package names, host paths, limits, URLs)"),
     Rule("hardening-off", "warning", "a role variable turns a hardening of the units off "
          "(`pd_services_device_policy: false`); the verifier's services check warns about it too"),
@@ -149,14 +149,14 @@ RULES: tuple[Rule, ...] = (
          "slice the KV's block scales between sizes and fails the first hand-off)"),
     Rule("disagg-hicache-hisparse", "error", "no decode with `enable_hisparse` beside a prefill with "
          "`enable_hierarchical_cache` (the pair hangs: sglang#26092)"),
-    # --- SGLang's own validation of each engine's ServerArgs (pdnode check; pdnode.core.sglang_judge)
+    # --- SGLang's own validation of each engine's ServerArgs (pdnode check; pdnode.core.rules.sglang_judge)
     Rule("sglang-rejects", "error", "SGLang's own validation (argparse, resolve_once, check_server_args) refuses an "
          "instance's rendered ServerArgs; the line carries SGLang's reason"),
     Rule("sglang-could-not-judge", "warning", "SGLang on this machine could not judge an instance's ServerArgs (a "
          "rule that depends on the GPU generation, or the validator failed); the deploy's on-host check judges it"),
     Rule("sglang-validation-not-run", "warning", "no validator environment with the plan's SGLang release on this "
          "machine: only pdnode's own rules were applied (scripts/sglang-validator builds it)"),
-    # --- arguments that open a door (pdnode.core.guards; docs/security.md)
+    # --- arguments that open a door (pdnode.core.rules.guards; docs/security.md)
     Rule("exposing-arg", "error", "an engine or router argument that opens a listener beyond loopback, serves "
          "without the API key, runs uploaded code, routes to workers the plan does not list, or sends data or "
          "loads weights over the network (`decoupled_spec_bind_endpoint`, `otlp_traces_endpoint` off loopback, "
@@ -168,7 +168,7 @@ RULES: tuple[Rule, ...] = (
     # --- ports
     Rule("port-range", "error", "a port is unprivileged (1024-65535; an instance with DP attention also needs "
          "port+233..+239)"),
-    # --- several hosts (pdnode.core.cluster)
+    # --- several hosts (pdnode.core.plan.cluster)
     Rule("host-known", "error", "an instance's `hosts` and `pdnode_router_node` name hosts of the inventory"),
     Rule("hosts-unique", "error", "an instance's `hosts` names each host once (one node rank per host)"),
     Rule("host-in-layout", "error", "the host being deployed runs an instance or the router of the layout"),

@@ -59,6 +59,6 @@ def server_args(v: dict[str, Any]) -> dict[str, Any]:
 
 def engine_defaults(v: dict[str, Any]) -> dict[str, Any]:
     """What an instance has for the settings every engine must agree on, unless its
-    extra_args override them (pdnode.core.instances.check_same_disagg_settings)."""
+    extra_args override them (pdnode.core.rules.instances.check_same_disagg_settings)."""
     return {"disaggregation_decode_allocation_policy": v["pdnode_decode_allocation_policy"],
             "disaggregation_enable_kv_checksum": v["pdnode_kv_checksum"]}

@@ -1,6 +1,6 @@
 """What a node description may not do unless the operator says so: hand the deploy a file
 that is not one key, or turn on an argument that opens a door (called by
-pdnode.core.plan.build_plan; docs/security.md).
+pdnode.core.plan.build.build_plan; docs/security.md).
 
 - ``pdnode_api_key_file`` is copied to every host of the layout and owned by the service
   user: it must hold exactly one key (pdnode.node.secrets.key_problem). A private key, a
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..node.secrets import key_file_problem
+from ...node.secrets import key_file_problem
 
 # (rule id, field, value, rule, fix): the plan checker's error() and warn()
 Report = Callable[[str, str, Any, str, str], None]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import values
-from .fields import INSTANCE_KEYS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES
+from ..inventory.fields import INSTANCE_KEYS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES
 
 ROLES = ("prefill", "decode")
 NAME_RE = re.compile(r"^[a-z0-9]{1,12}$")
@@ -95,7 +95,7 @@ class Instance:
     nccl_port: int | None
     mem_fraction_static: float
     extra_args: dict[str, Any] = field(default_factory=dict)
-    # Inventory hosts, in node-rank order; empty until the plan places it (pdnode.core.cluster).
+    # Inventory hosts, in node-rank order; empty until the plan places it (pdnode.core.plan.cluster).
     hosts: list[str] = field(default_factory=list)
     dist_init_port: int | None = None
     reported: set[str] = field(default_factory=set)  # keys already reported as missing or mistyped

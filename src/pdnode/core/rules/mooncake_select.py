@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..node import releases
+from ...node import releases
 
 PACKAGES = {
     "cuda12": "mooncake-transfer-engine",

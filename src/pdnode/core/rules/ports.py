@@ -65,7 +65,7 @@ def _keys(inst: Instance) -> list[str]:
     if inst.role == "prefill":
         keys.insert(1, "bootstrap_port")
     # DP replicas each bind an NCCL port of their own (SGLang's data-parallel controller):
-    # SGLang chooses free ones; a pinned one is refused by pdnode.core.instances.
+    # SGLang chooses free ones; a pinned one is refused by pdnode.core.rules.instances.
     if isinstance(inst.dp_size, int) and inst.dp_size > 1:
         keys.remove("nccl_port")
     if inst.spans_hosts:

@@ -1,5 +1,5 @@
 """The router package decides whether it starts with the plan's arguments: `pdnode check`
-asks it (called by pdnode.core.plan.build_plan on the router's host).
+asks it (called by pdnode.core.plan.build.build_plan on the router's host).
 
 The judge is pdnode.node.router_launch.judge, in this process: the launcher's own check of
 the router JSON, then the installed package's parser on the argv the launcher builds
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..node.router_launch import PACKAGES, judge
+from ...node.router_launch import PACKAGES, judge
 from .guards import shown
 
 # (rule id, field, value, rule, fix): the plan checker's error() and warn()

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PACKAGE = Path(__file__).resolve().parents[1]
+PACKAGE = Path(__file__).resolve().parents[2]
 MODELS = PACKAGE / "data" / "models"
 TINY_MODEL = {"moe_mla": "deepseek-v3-tiny", "moe": "deepseek-v3-tiny", "dense": "qwen2-tiny"}
 HOST_DEPENDENT = ("disaggregation_ib_device",)

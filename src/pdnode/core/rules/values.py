@@ -1,5 +1,5 @@
 """Strict patterns for every inventory value that reaches a unit, an environment file,
-a command line or a path on the host (called by pdnode.core.plan.build_plan).
+a command line or a path on the host (called by pdnode.core.plan.build.build_plan).
 
 The node description is written by people and copied between sites; the deploy runs as
 root and templates its values into systemd units (where a newline starts a new
@@ -105,7 +105,7 @@ ANSWER_MAX = 200
 _SECRET_WORDS = frozenset({"key", "keys", "secret", "secrets", "password", "passwd", "credential", "credentials"})
 _SECRET_ENDINGS = ("auth_token", "access_token", "bearer_token", "api_token", "hf_token")
 
-# (rule id from pdnode.core.rules, field, value, rule, fix): the plan checker's error()
+# (rule id from pdnode.core.rules.catalogue, field, value, rule, fix): the plan checker's error()
 Error = Callable[[str, str, Any, str, str], None]
 
 
@@ -488,7 +488,7 @@ def role_value_problem(name: str, value: Any) -> str | None:
     """None when role variable NAME may hold VALUE, else one line as the roles' asserts
     print it: "NAME must ... (got VALUE); fix: ..." (the first bad part only)."""
     if name not in ROLE_RULES:
-        return f"{name} is not a role variable pdnode.core.values.ROLE_RULES knows; fix: add its rule there"
+        return f"{name} is not a role variable pdnode.core.rules.values.ROLE_RULES knows; fix: add its rule there"
     bad = _role_problems(name, value)
     if not bad:
         return None
