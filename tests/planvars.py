@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pdnode.core.inventory import load_inventory
+from pdnode.core.inventory.read import load_inventory
 
 ROOT = Path(__file__).resolve().parents[1]
 INVENTORIES = ROOT / "inventories"

@@ -392,7 +392,7 @@ def test_json_report_has_the_schema_the_planner_reads() -> None:
 
 def test_the_planner_reads_the_report() -> None:
     # the consumer of --json (pdnode plan --measurements) takes it as it is
-    from pdnode.core.planner_model import run_from_bench
+    from pdnode.core.planner.model import run_from_bench
 
     run = run_from_bench(json.loads(bench_report.to_json(_report())), "bench.json")
     assert run.request_s == 4.0 and run.ttft_s == 0.04 and run.itl_s == 0.004
@@ -454,7 +454,7 @@ def test_the_test_nodes_port_draw_refuses_exactly_what_the_plan_refuses(tmp_path
     """free_ports redraws a set that build_plan would refuse (a decode's port+233..+239 on
     another port, or past 65535). Its rule is a copy, so it is compared with the plan's own
     verdict: every other port at every offset around the decode's range, and the top edge."""
-    from pdnode.core.plan import PlanError, build_plan
+    from pdnode.core.plan.build import PlanError, build_plan
 
     base = [20000 + 10 * i for i in range(10)]
     cases = []
@@ -485,8 +485,8 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     the plan of an inventory with ansible_connection: local (so `pdnode bench` reads the counters directly). Its release
     virtualenv (install.venv, under a private pdnode_install_root) is this Python's, so
     playbooks/bench.yml finds pdnode there. Yields (inventory directory, plan)."""
-    from pdnode.core.inventory import load_inventory
-    from pdnode.core.plan import build_plan
+    from pdnode.core.inventory.read import load_inventory
+    from pdnode.core.plan.build import build_plan
 
     model = tmp / "model"
     model.mkdir()

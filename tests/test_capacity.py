@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pdnode.core import capacity
-from pdnode.core.capacity import (Finding, WeightsError, check_instances, estimate_parameters, gpu_memory_mib,
+from pdnode.core.rules import capacity
+from pdnode.core.rules.capacity import (Finding, WeightsError, check_instances, estimate_parameters, gpu_memory_mib,
                              smallest_tp, weight_bytes, weight_bytes_from_dir)
 
 DSV3_BYTES = 671_026_419_200

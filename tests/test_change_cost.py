@@ -1,4 +1,4 @@
-"""What a planned restart costs (pdnode.core.change_cost): the layout decides whether requests
+"""What a planned restart costs (pdnode.core.change.cost): the layout decides whether requests
 are dropped, the plan and the readiness timeout bound the outage, and the measured
 figures the runbooks quote still stand in docs/measurements.md."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pdnode.core import change_cost
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import build_plan
+from pdnode.core.change import cost as change_cost
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 1800

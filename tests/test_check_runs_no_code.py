@@ -8,7 +8,7 @@ whoever reviews the inventory. Here such values are planted in several fields an
 of a copied inventory (group_vars/all/*.yml, host_vars, hosts.yml), every command runs
 through pdnode's entry point, and no marker file may appear; each value is reported:
 refused where it reaches a unit, argv or ServerArgs, "templated at deploy, not judged"
-elsewhere (pdnode.core.deferred). The shipped inventories read exactly as without the
+elsewhere (pdnode.core.inventory.deferred). The shipped inventories read exactly as without the
 guard, and ansible-playbook still templates the same values at deploy time.
 """
 
@@ -30,10 +30,11 @@ from planvars import changed, variables
 from test_planner import measurement_args
 
 from pdnode.commands.cli import main
-from pdnode.core import deferred, inventory, values
-from pdnode.core.fields import BY_NAME, REQUIRED
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import build_plan
+from pdnode.core.inventory import deferred, read as inventory
+from pdnode.core.rules import values
+from pdnode.core.inventory.fields import BY_NAME, REQUIRED
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 

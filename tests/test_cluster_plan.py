@@ -1,4 +1,4 @@
-"""A layout over several hosts (pdnode.core.cluster): each host's plan holds what runs on it,
+"""A layout over several hosts (pdnode.core.plan.cluster): each host's plan holds what runs on it,
 workers bind the host's address and the router registers them there, an instance
 spanning hosts is rendered per node rank, the firewall admits exactly the peers, and
 `pdnode check` / `explain` describe the whole layout."""
@@ -12,9 +12,9 @@ import pytest
 from planvars import ROOT
 
 from pdnode.commands import cli
-from pdnode.core.cluster import layout_view
-from pdnode.core.inventory import inventory_variables
-from pdnode.core.plan import PlanError, build_plan
+from pdnode.core.plan.cluster import layout_view
+from pdnode.core.inventory.read import inventory_variables
+from pdnode.core.plan.build import PlanError, build_plan
 from pdnode.verify.config import build_run
 
 PAIR = ROOT / "inventories" / "gpu-pair"

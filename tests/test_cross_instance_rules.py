@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from planvars import changed
 
-from pdnode.core.instances import Instance, attention_tp
-from pdnode.core.plan import PlanError, build_plan
+from pdnode.core.rules.instances import Instance, attention_tp
+from pdnode.core.plan.build import PlanError, build_plan
 
 
 def problems(variables: dict) -> list:

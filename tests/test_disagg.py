@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from planvars import changed, variables
 
-from pdnode.core.plan import PlanError, build_plan
+from pdnode.core.plan.build import PlanError, build_plan
 
 
 def _plan(**changes):

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pdnode.core import monitoring
+from pdnode.core.plan import monitoring
 from pdnode.commands import runbooks
 from pdnode.commands.cli import build_parser
-from pdnode.core.inventory import inventory_hosts, inventory_variables, load_inventory
-from pdnode.core.plan import PlanError, build_plan
+from pdnode.core.inventory.read import inventory_hosts, inventory_variables, load_inventory
+from pdnode.core.plan.build import PlanError, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "roles").glob("*/README.md"))]

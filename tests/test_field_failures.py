@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pdnode.core.rules import BY_ID
+from pdnode.core.rules.catalogue import BY_ID
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "field-failures.md"

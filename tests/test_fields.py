@@ -9,9 +9,9 @@ import yaml
 from planvars import changed, variables
 
 from pdnode.commands.docs import inventory_markdown
-from pdnode.core.fields import INSTANCE_KEYS, INSTANCE_KEYS_BY_NAME, RETIRED_ROLE_VARIABLES
-from pdnode.core.inventory import inventory_variables
-from pdnode.core.plan import PlanError, build_plan
+from pdnode.core.inventory.fields import INSTANCE_KEYS, INSTANCE_KEYS_BY_NAME, RETIRED_ROLE_VARIABLES
+from pdnode.core.inventory.read import inventory_variables
+from pdnode.core.plan.build import PlanError, build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "inventory.md"
@@ -26,7 +26,7 @@ OLD_GPU01 = {
     "pdnode_decode_mem_fraction_static": 0.85,
     "pdnode_decode_extra_args": {"trust_remote_code": True, "cuda_graph_max_bs_decode": 64},
 }
-# Every one-instance variable that release knew (its src/pdnode/core/fields.py), with a value.
+# Every one-instance variable that release knew (its src/pdnode/core/inventory/fields.py), with a value.
 OLD_VARIABLES = {
     "pdnode_prefill_gpus": [0, 1, 2, 3], "pdnode_prefill_tp_size": 4, "pdnode_prefill_attn_dp_size": 1,
     "pdnode_prefill_port": 30000, "pdnode_prefill_bootstrap_port": 8998, "pdnode_prefill_nccl_port": 31000,

@@ -1,4 +1,4 @@
-"""pdnode.core.hostfacts over real output captured on an H200 host (tests/fixtures/nvidia-smi/
+"""pdnode.core.host.facts over real output captured on an H200 host (tests/fixtures/nvidia-smi/
 h200-1gpu/, made with capture.sh on 2026-11-29) and over the clearly labelled hand-made
 8-GPU fixtures (handmade/)."""
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pdnode.core import hostfacts as hf
+from pdnode.core.host import facts as hf
+from pdnode.node import preflight as node_pf  # the /proc/net/tcp and socket-owner parsers
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi"
 H200 = FIX / "h200-1gpu"
@@ -157,11 +158,11 @@ def test_proc_driver_version_proprietary():
 
 
 def test_proc_net_tcp_real_listener():
-    socks = hf.parse_proc_net_tcp(text(H200 / "proc-net-tcp.txt"))
+    socks = node_pf.parse_proc_net_tcp(text(H200 / "proc-net-tcp.txt"))
     assert socks[0] == {"address": "0.0.0.0", "port": 2024, "state": "0A", "uid": 0, "inode": 4130}
     # the two others are loopback connections (state 06 TIME_WAIT) on 8099
     assert {(s["address"], s["port"], s["state"]) for s in socks[1:]} == {("127.0.0.1", 8099, "06")}
-    assert hf.listening_sockets(text(H200 / "proc-net-tcp.txt"), text(H200 / "proc-net-tcp6.txt")) == [socks[0]]
+    assert node_pf.listening_sockets(text(H200 / "proc-net-tcp.txt"), text(H200 / "proc-net-tcp6.txt")) == [socks[0]]
 
 
 def test_proc_net_tcp6_addresses():
@@ -170,7 +171,7 @@ def test_proc_net_tcp6_addresses():
              "00:00000000 00000000   997        0 77 1 0 100 0 0 10 0\n"
              "   1: 0000000000000000FFFF00000100007F:22C6 00000000000000000000000000000000:0000 0A 00000000:00000000 "
              "00:00000000 00000000     0        0 78 1 0 100 0 0 10 0\n")
-    socks = hf.parse_proc_net_tcp(table)
+    socks = node_pf.parse_proc_net_tcp(table)
     assert [(s["address"], s["port"], s["uid"], s["inode"]) for s in socks] == [("::1", 30000, 997, 77),
                                                                                ("127.0.0.1", 8902, 0, 78)]
 
@@ -180,7 +181,7 @@ def test_socket_owners_with_units():
     cg = ("/proc/412/cgroup:0::/system.slice/sglang-pd-prefill.service\n"
           "/proc/9/cgroup:12:name=systemd:/system.slice/nginx.service\n"
           "/proc/9/cgroup:0::/\n")
-    owners = hf.parse_socket_owners(fds, cg)
+    owners = node_pf.parse_socket_owners(fds, cg)
     assert owners[77] == {"pid": 412, "unit": "sglang-pd-prefill.service"}
     assert owners[78] == {"pid": 9, "unit": "nginx.service"}
 
@@ -286,9 +287,9 @@ def test_pci_scan_classes(line, want):
     assert [k for k, v in out.items() if v] == [want]
 
 
-# --- the Mooncake build the facts call for (pdnode.core.mooncake_select) -------------------------
+# --- the Mooncake build the facts call for (pdnode.core.rules.mooncake_select) -------------------------
 
-from pdnode.core import mooncake_select as ms  # noqa: E402
+from pdnode.core.rules import mooncake_select as ms  # noqa: E402
 
 
 def test_mooncake_build_for_the_real_h200():
@@ -372,7 +373,7 @@ def test_units_per_uid_tells_whose_socket_it_is_without_fd_links():
                "/proc/12/cgroup:0::/user.slice/user-0.slice/session-1.scope\n")
     uids = "/proc/10/status:Uid:\t999\t999\t999\t999\n/proc/11/status:Uid:\t999\t999\t999\t999\n" \
            "/proc/12/status:Uid:\t0\t0\t0\t0\n/proc/13/status:Uid:\t0\t0\t0\t0\n"
-    assert hf.units_per_uid(uids, cgroups) == {
+    assert node_pf.units_per_uid(uids, cgroups) == {
         999: ["sglang-pd-prefill.service", "sglang-pd-router.service"], 0: ["?", "session-1.scope"]}
 
 

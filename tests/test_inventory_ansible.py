@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdnode.core.inventory import inventory_variables
+from pdnode.core.inventory.read import inventory_variables
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU01 = ROOT / "inventories" / "gpu01"

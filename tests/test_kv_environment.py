@@ -14,10 +14,10 @@ import pytest
 from planvars import ROOT, changed, variables
 
 from pdnode.commands import cli
-from pdnode.core import kv_path
-from pdnode.core.inventory import inventory_variables
-from pdnode.core.plan import PlanError, build_plan
-from pdnode.core.rules import BY_ID
+from pdnode.core.plan import kv_path
+from pdnode.core.inventory.read import inventory_variables
+from pdnode.core.plan.build import PlanError, build_plan
+from pdnode.core.rules.catalogue import BY_ID
 from pdnode.standin.config import load_sim_settings
 
 # layout -> (inventory, the changes to its hosts' variables); PATHS: the path the plan takes

@@ -10,8 +10,8 @@ import sys
 import pytest
 from planvars import ROOT, changed, variables
 
-from pdnode.core.inventory import inventory_variables
-from pdnode.core.plan import build_plan
+from pdnode.core.inventory.read import inventory_variables
+from pdnode.core.plan.build import build_plan
 
 NVLINK_ENV = {"MC_INTRANODE_NVLINK": "1", "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": "INTRA_NODE_NVLINK"}
 

@@ -45,24 +45,29 @@ def foreign_imports(graph: grimp.ImportGraph) -> list[str]:
 def test_the_import_contracts_hold():
     r = lint_imports(ROOT)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert "Contracts: 2 kept, 0 broken." in r.stdout, r.stdout[-2000:]
+    assert "Contracts: 3 kept, 0 broken." in r.stdout, r.stdout[-2000:]
 
 
 def test_the_contracts_catch_an_import_against_the_layers_and_a_circle(tmp_path):
-    """The same contracts over a package that breaks both: a node module importing core,
-    two core modules importing each other."""
+    """The same contracts over a package that breaks all three: a node module importing
+    core, a core room importing a room above it, two modules of a room importing each other."""
     pkg = tmp_path / "pdnode"
-    for sub in ("", "commands", "verify", "standin", "core", "node"):
+    rooms = ["core/" + room for room in ("change", "planner", "host", "plan", "rules", "inventory")]
+    for sub in ("", "commands", "verify", "standin", "core", "node", *rooms):
         (pkg / sub).mkdir(parents=True, exist_ok=True)
         (pkg / sub / "__init__.py").write_text("")
     (pkg / "__main__.py").write_text("")  # the top layer: `python -m pdnode`
-    (pkg / "core" / "a.py").write_text("from . import b\n")
-    (pkg / "core" / "b.py").write_text("from . import a\n")
-    (pkg / "node" / "launcher.py").write_text("from ..core import a\n")
+    (pkg / "core" / "exits.py").write_text("")  # core's base, below its rooms
+    (pkg / "core" / "resources.py").write_text("")
+    (pkg / "core" / "plan" / "a.py").write_text("from . import b\n")
+    (pkg / "core" / "plan" / "b.py").write_text("from . import a\n")
+    (pkg / "core" / "rules" / "values.py").write_text("from ..plan import a\n")
+    (pkg / "node" / "launcher.py").write_text("from ..core.plan import a\n")
     r = lint_imports(tmp_path, pythonpath=tmp_path)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "Contracts: 0 kept, 2 broken." in r.stdout, r.stdout[-3000:]
-    assert "pdnode.node.launcher -> pdnode.core.a" in r.stdout
+    assert "Contracts: 0 kept, 3 broken." in r.stdout, r.stdout[-3000:]
+    assert "pdnode.node.launcher -> pdnode.core.plan.a" in r.stdout
+    assert "pdnode.core.rules.values -> pdnode.core.plan.a" in r.stdout
 
 
 def test_node_imports_only_the_standard_library():
@@ -73,7 +78,7 @@ def test_node_imports_only_the_standard_library():
 
 def test_the_node_check_finds_a_foreign_import():
     graph = grimp.ImportGraph()
-    for module in ("pdnode.node.ready", "pdnode.node.secrets", "pdnode.node.launcher", "pdnode.core.plan"):
+    for module in ("pdnode.node.ready", "pdnode.node.secrets", "pdnode.node.launcher", "pdnode.core.plan.build"):
         graph.add_module(module)
     for module in ("json", "yaml", "sglang"):
         graph.add_module(module, is_squashed=True)
@@ -81,7 +86,7 @@ def test_the_node_check_finds_a_foreign_import():
     graph.add_import(importer="pdnode.node.ready", imported="pdnode.node.secrets")
     graph.add_import(importer="pdnode.node.launcher", imported="sglang")
     graph.add_import(importer="pdnode.node.ready", imported="yaml")
-    graph.add_import(importer="pdnode.node.secrets", imported="pdnode.core.plan")
+    graph.add_import(importer="pdnode.node.secrets", imported="pdnode.core.plan.build")
     graph.add_import(importer="pdnode.node.ready", imported="sglang")  # allowed to the launcher only
     assert foreign_imports(graph) == ["pdnode.node.ready -> sglang", "pdnode.node.ready -> yaml",
-                                      "pdnode.node.secrets -> pdnode.core.plan"]
+                                      "pdnode.node.secrets -> pdnode.core.plan.build"]

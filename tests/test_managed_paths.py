@@ -1,4 +1,4 @@
-"""The plan's list of managed paths (`managed`, pdnode.core.managed) is what the deploy's
+"""The plan's list of managed paths (`managed`, pdnode.core.plan.managed) is what the deploy's
 roles write (issue 27, item 6): a fast path sees only what it reads, and the node
 scenario's drift matrix (molecule/node/tests/test_drift_matrix.py) generates its cases
 from this list, so a path a role writes but the list lacks would be a drift nobody
@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pdnode.core.inventory import inventory_hosts, inventory_variables
-from pdnode.core.managed import ASPECTS
-from pdnode.core.plan import build_plan
+from pdnode.core.inventory.read import inventory_hosts, inventory_variables
+from pdnode.core.plan.managed import ASPECTS
+from pdnode.core.plan.build import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES = ("sglang", "pd_services")

@@ -47,9 +47,9 @@ _START = ("from mooncake.engine import TransferEngine\n"
 def test_mc_force_hca_turns_the_silent_fall_back_into_a_failed_start():
     """Field failures 7c and 8 with the real Mooncake: on a host without a usable RDMA NIC
     its engine starts on TCP in silence, and with the plan's MC_FORCE_HCA it refuses to
-    start, logging the line pdnode names (pdnode.core.kv_path). Where the host has an
+    start, logging the line pdnode names (pdnode.core.plan.kv_path). Where the host has an
     active NIC, both start (the switch changes nothing there)."""
-    from pdnode.core.kv_path import MOONCAKE_NO_RNIC, RDMA_ENVIRONMENT
+    from pdnode.core.plan.kv_path import MOONCAKE_NO_RNIC, RDMA_ENVIRONMENT
 
     devices = Path("/sys/class/infiniband")
     active = [p for p in devices.glob("*/ports/*/state") if "ACTIVE" in p.read_text()] if devices.is_dir() else []

@@ -65,7 +65,7 @@ def test_the_planted_build_that_loads_passes(tmp_path):
 def test_the_builds_it_names_are_the_ones_pdnode_installs():
     import ast
 
-    from pdnode.core.mooncake_select import PACKAGES
+    from pdnode.core.rules.mooncake_select import PACKAGES
 
     tree = ast.parse(CHECK.read_text())
     (builds,) = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)

@@ -243,7 +243,7 @@ def test_check_mode_counts_the_file_it_would_write(tmp_path):
 
 
 def test_a_record_given_another_mode_or_owner_gets_its_own_back(tmp_path):
-    """The records are managed paths too (pdnode.core.managed): a record's content decides a
+    """The records are managed paths too (pdnode.core.plan.managed): a record's content decides a
     restart, its mode and owners are given back without one."""
     applied = tmp_path / "applied"
     args = {"files": _service_files(tmp_path), "applied_dir": str(applied)}

@@ -6,7 +6,7 @@ Three kinds of input, named as such in every test:
 * the HAND-MADE 8-GPU HGX fixture (handmade/topo-m-handmade-hgx8.txt): no 8-GPU machine
   was available, so the 8-GPU behaviour is only tested on this hand-written topology;
 * CONSTRUCTED topologies rendered below in nvidia-smi's format (tabs, ANSI header, NIC
-  legend) and parsed by pdnode.core.hostfacts, for the warnings.
+  legend) and parsed by pdnode.core.host.facts, for the warnings.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from pdnode.commands import cli
-from pdnode.core.hostfacts import parse_topo_matrix
-from pdnode.core.inventory import load_inventory
-from pdnode.core.placement import format_ids, link_cost, parse_id_list
-from pdnode.core.placement_advice import advise, candidate_splits, engine_instances
-from pdnode.core.plan import build_plan
+from pdnode.core.host.facts import parse_topo_matrix
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.host.placement import format_ids, link_cost, parse_id_list
+from pdnode.core.host.placement_advice import advise, candidate_splits, engine_instances
+from pdnode.core.plan.build import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "nvidia-smi"

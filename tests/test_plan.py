@@ -14,7 +14,7 @@ import sys
 import pytest
 from planvars import ROOT, changed, engine_args, variables
 
-from pdnode.core.plan import PlanError, build_plan
+from pdnode.core.plan.build import PlanError, build_plan
 
 GPU01 = ROOT / "inventories" / "gpu01"
 

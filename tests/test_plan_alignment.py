@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from planvars import changed, layout
 
-from pdnode.core.plan import PlanError, build_plan
+from pdnode.core.plan.build import PlanError, build_plan
 
 
 def _problems(v):

@@ -23,8 +23,8 @@ import pytest
 import yaml
 from planvars import changed, variables
 
-from pdnode.core.fields import FIELDS
-from pdnode.core.plan import build_plan
+from pdnode.core.inventory.fields import FIELDS
+from pdnode.core.plan.build import build_plan
 from pdnode.verify.config import SETTINGS, ConfigError, build_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from planvars import changed
 
-from pdnode.core import argtable
-from pdnode.core.plan import PlanError, build_plan
+from pdnode.core.rules import argtable
+from pdnode.core.plan.build import PlanError, build_plan
 from pdnode.node import releases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,7 +150,7 @@ REFUSED = [
 
 SMG = {"pdnode_router_package": "smg"}
 # Issue 17, section 7: what the router would refuse, or what opens a door (all accepted
-# before). The router's own verdicts come from the installed package (pdnode.core.router_judge);
+# before). The router's own verdicts come from the installed package (pdnode.core.rules.router_judge);
 # the doors are pdnode.guards' (docs/security.md, "What opens a door").
 ROUTER_REFUSES = [
     pytest.param({**R032, "pdnode_router_extra_args": {"jwt_issuer": "https://idp.example"}},
@@ -462,12 +462,12 @@ def test_router_argument_table_is_the_installed_router():
     assert version("sglang-router") == "0.3.2"
     committed = json.loads((ROOT / "src/pdnode/data/routerargs-0.3.2.json").read_text())
     assert committed["args"] == json.loads(argtable.dump(argtable.router_table(), ""))["args"], (
-        "regenerate: .venv/bin/python -m pdnode.core.argtable router > src/pdnode/data/routerargs-0.3.2.json")
+        "regenerate: .venv/bin/python -m pdnode.core.rules.argtable router > src/pdnode/data/routerargs-0.3.2.json")
 
 
 def test_every_owned_router_argument_exists_in_the_table():
     """The plan's own router arguments are real ones (a rename would otherwise pass)."""
-    from pdnode.core.plan import OWNED_ROUTER_ARGS
+    from pdnode.core.plan.build import OWNED_ROUTER_ARGS
 
     table = argtable.load(argtable.ROUTER_TABLE)
     assert sorted(set(OWNED_ROUTER_ARGS) - set(table)) == []
@@ -476,7 +476,7 @@ def test_every_owned_router_argument_exists_in_the_table():
 def test_every_owned_server_argument_exists_in_the_table():
     """The plan writes these itself; each must be a real flag of SGLang 0.5.23 (a rename
     in SGLang would otherwise pass the plan and fail at start)."""
-    from pdnode.core.instances import OWNED_SERVER_ARGS
+    from pdnode.core.rules.instances import OWNED_SERVER_ARGS
 
     table = argtable.load(argtable.SGLANG_TABLE)
     assert sorted(set(OWNED_SERVER_ARGS) - set(table)) == []

@@ -1,4 +1,4 @@
-"""The plan is a versioned contract, pdnode.plan/1 (pdnode.core.plan_schema).
+"""The plan is a versioned contract, pdnode.plan/1 (pdnode.core.plan.schema).
 
 - The JSON Schema shipped in the package is the one exported from the records now.
 - The plan of every example inventory and host, and of variants that reach the other
@@ -19,9 +19,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from pdnode.core.inventory import inventory_variables
-from pdnode.core.plan import build_plan
-from pdnode.core.plan_schema import SCHEMA_FILE, SCHEMA_ID, render
+from pdnode.core.inventory.read import inventory_variables
+from pdnode.core.plan.build import build_plan
+from pdnode.core.plan.schema import SCHEMA_FILE, SCHEMA_ID, render
 
 from planvars import INVENTORIES, changed, variables
 
@@ -39,7 +39,7 @@ def _errors(doc: dict) -> list[str]:
 
 def test_the_shipped_schema_is_the_one_the_records_export():
     assert SCHEMA_FILE.read_text() == render(), \
-        "the plan's records changed: run python -m pdnode.core.plan_schema --write"
+        "the plan's records changed: run python -m pdnode.core.plan.schema --write"
 
 
 def test_the_schema_names_its_version():

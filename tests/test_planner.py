@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdnode.core import planner_layouts
+from pdnode.core.planner import layouts as planner_layouts
 from pdnode.commands.cli import main
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import PlanError, Problem, build_plan
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import PlanError, Problem, build_plan
 from pdnode.commands.planner import _shape, kv_bytes_from_config
-from pdnode.core.planner_layouts import Candidate, Inst
-from pdnode.core.planner_model import (MeasurementError, Params, Pool, Run, Shape, Workload, capacities, fit, pool_of,
+from pdnode.core.planner.layouts import Candidate, Inst
+from pdnode.core.planner.model import (MeasurementError, Params, Pool, Run, Shape, Workload, capacities, fit, pool_of,
                                   predict, run_from_bench)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""`pdnode plan` with NVIDIA aiconfigurator's prior (pdnode.core.prior, docs/planner.md).
+"""`pdnode plan` with NVIDIA aiconfigurator's prior (pdnode.core.planner.prior, docs/planner.md).
 
 The prior's numbers are aiconfigurator's own: each ranked layout is compared with
 `cli_estimate` called here with the parallel sizes spelled out from the layout. What
@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from pdnode.commands.cli import main
-from pdnode.core import prior
-from pdnode.core.kv_path import SPEEDS
+from pdnode.core.planner import prior
+from pdnode.core.plan.kv_path import SPEEDS
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM = "h200_sxm"
@@ -292,7 +292,7 @@ def test_without_aiconfigurator_it_is_exit_2_naming_the_extra(moe_inv, capsys, m
 
 
 def test_importing_pdnode_does_not_import_aiconfigurator():
-    code = ("import sys, pdnode.commands.cli, pdnode.commands.planner, pdnode.core.prior; "
+    code = ("import sys, pdnode.commands.cli, pdnode.commands.planner, pdnode.core.planner.prior; "
             "sys.exit(any(m.startswith('aiconfigurator') for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 

@@ -1,4 +1,4 @@
-"""Every port of a node: allocated by the plan without collision (pdnode.core.ports), and,
+"""Every port of a node: allocated by the plan without collision (pdnode.core.rules.ports), and,
 before anything starts, a port of the plan held by another process is named with its
 owner (pid, command, unit); our own units may hold their ports (a re-deploy)."""
 
@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from planvars import DECODE_REPLICAS, changed, layout, variables
 
-from pdnode.core import hostfacts as hf
-from pdnode.core import preflight as pf
-from pdnode.core.plan import PlanError, build_plan
-from pdnode.core.ports import DP_ATTENTION_OFFSETS
+from pdnode.core.host import facts as hf
+from pdnode.core.host import preflight as pf
+from pdnode.node import preflight as node_pf  # the same port judgement, on the host
+from pdnode.core.plan.build import PlanError, build_plan
+from pdnode.core.rules.ports import DP_ATTENTION_OFFSETS
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 OWN = ["sglang-pd-prefill-0.service", "sglang-pd-decode-0.service", "sglang-pd-router.service"]
@@ -30,7 +31,7 @@ def test_live_listener_is_named_with_pid_and_command(tmp_path):
     child = subprocess.Popen([sys.executable, str(server), "--marker-arg"], stdout=subprocess.PIPE, text=True)
     try:
         port = int(child.stdout.readline())
-        (p,) = pf.port_problems(pf.live_listeners(), {"decode-0.port": port}, OWN)
+        (p,) = node_pf.port_problems(node_pf.live_listeners(), {"decode-0.port": port}, OWN)
         assert p.check == f"port.{port}"
         assert f"pid {child.pid} " in p.line and "--marker-arg" in p.line, p.line
         assert "decode-0.port" in p.line
@@ -45,7 +46,7 @@ def test_cli_one_line_per_taken_port_and_exit_1():
         s.listen()
         port = s.getsockname()[1]
         env = dict(os.environ, PYTHONPATH=str(SRC))
-        r = subprocess.run([sys.executable, "-m", "pdnode.core.preflight", "ports", *(f"--own-unit={u}" for u in OWN),
+        r = subprocess.run([sys.executable, "-m", "pdnode.node.preflight", "ports", *(f"--own-unit={u}" for u in OWN),
                             f"router.port={port}", "prefill-0.port=1"],
                            capture_output=True, text=True, env=env, check=False)
     assert r.returncode == 1, r.stderr
@@ -57,7 +58,7 @@ def test_free_ports_pass():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
-    assert pf.port_problems(pf.live_listeners(), {"decode-0.port": free}, OWN) == []
+    assert node_pf.port_problems(node_pf.live_listeners(), {"decode-0.port": free}, OWN) == []
 
 
 def test_own_units_hold_their_ports_foreign_units_do_not():
@@ -71,7 +72,7 @@ def test_own_units_hold_their_ports_foreign_units_do_not():
     ]
     ports = {"decode-0.port": 30001, "router.port": 8000, "prefill-0.port": 30000,
              "prefill-0.bootstrap_port": 8998}
-    lines = [p.line for p in pf.port_problems(listeners, ports, OWN)]
+    lines = [p.line for p in node_pf.port_problems(listeners, ports, OWN)]
     # Exact unit names: a unit that merely shares the prefix is not ours.
     assert lines == [
         "ERROR port.8000='0.0.0.0:8000': the port router.port needs is already in use (pid 11 'x', unit "
@@ -113,15 +114,15 @@ def test_a_socket_of_the_service_user_is_ours_while_the_pair_probe_runs():
     plan = build_plan(variables("demo")).as_dict()
     listeners = [{"address": "127.0.0.1", "port": 30000, "pid": None, "unit": None, "uid": 997,
                   "uid_units": ["sglang-pd-prefill-0.service", PROBE]}]
-    assert pf.port_problems(listeners, {"prefill-0.port": 30000}, pf.own_units(plan)) == []
+    assert node_pf.port_problems(listeners, {"prefill-0.port": 30000}, pf.own_units(plan)) == []
     # a unit the plan does not run is still foreign
     listeners[0]["uid_units"].append("sglang-pd-old.service")
-    assert len(pf.port_problems(listeners, {"prefill-0.port": 30000}, pf.own_units(plan))) == 1
+    assert len(node_pf.port_problems(listeners, {"prefill-0.port": 30000}, pf.own_units(plan))) == 1
 
 
 @pytest.mark.parametrize("probe_s", [60, 0], ids=["probe", "no-probe"])
 def test_the_deploys_port_check_names_the_same_own_units(probe_s, tmp_path):
-    """pd_services passes --own-unit to `pdnode.core.preflight ports` through the
+    """pd_services passes --own-unit to `pdnode.node.preflight ports` through the
     collection's filter (roles/pd_services/vars/main.yml); Ansible, templating the role's
     variable, gives the units own_units gives the preflight."""
     plan = build_plan(changed(variables("demo"), {"pdnode_pair_probe_interval_s": probe_s})).as_dict()
@@ -141,7 +142,7 @@ def test_the_deploys_port_check_names_the_same_own_units(probe_s, tmp_path):
     assert got == pf.own_units(plan) and (PROBE in got) == bool(probe_s)
 
 
-# --- allocation (pdnode.core.ports) -------------------------------------------------------
+# --- allocation (pdnode.core.rules.ports) -------------------------------------------------------
 
 def _instances(count, first_gpu, gpus_each, attn_dp):
     return [{"gpus": list(range(first_gpu + i * gpus_each, first_gpu + (i + 1) * gpus_each)),
@@ -182,7 +183,7 @@ def test_allocation_is_deterministic(host16):
     v = _xpyd(host16, 3, 2, p_attn=2, d_attn=2)
     first = build_plan(v).ports
     assert build_plan(v).ports == first
-    code = ("import json, sys; from pdnode.core.plan import build_plan; "
+    code = ("import json, sys; from pdnode.core.plan.build import build_plan; "
             "print(json.dumps(build_plan(json.loads(sys.stdin.read())).ports))")
     r = subprocess.run([sys.executable, "-c", code], input=json.dumps(v), capture_output=True, text=True,
                        cwd=SRC.parent, timeout=60, env=dict(os.environ, PYTHONHASHSEED="12345"), check=False)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pdnode.core import hostfacts as hf
-from pdnode.core import preflight as pf
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import build_plan
+from pdnode.core.host import facts as hf
+from pdnode.core.host import preflight as pf
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import build_plan
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi"
 H200 = FIX / "h200-1gpu"

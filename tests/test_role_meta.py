@@ -1,6 +1,6 @@
 """Every role's meta platforms are exactly the OS releases the preflight accepts.
 
-The preflight (pdnode.core.preflight.DEFAULT_SUPPORTED_OS, and the role default
+The preflight (pdnode.core.host.preflight.DEFAULT_SUPPORTED_OS, and the role default
 preflight_supported_os that overrides it in a play) is where a host is accepted or
 refused; a role that advertises more (Debian trixie once) promises what a run refuses.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pdnode.core.preflight import DEFAULT_SUPPORTED_OS
+from pdnode.core.host.preflight import DEFAULT_SUPPORTED_OS
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLE_METAS = sorted(ROOT.glob("roles/*/meta/main.yml"))

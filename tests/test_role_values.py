@@ -1,5 +1,5 @@
 """Every free-form role variable is held to a rule, by its role and by `pdnode check`
-(issue 17, section 5): pdnode.core.values.ROLE_RULES is that rule, once.
+(issue 17, section 5): pdnode.core.rules.values.ROLE_RULES is that rule, once.
 
 - every option of a role's argument_specs is typed bool or int, has choices, is in
   ROLE_RULES, or is named below with the reason it needs no pattern;
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdnode.core.values import ROLE_RULES, role_value_problem
+from pdnode.core.rules.values import ROLE_RULES, role_value_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted(ROOT.glob("roles/*/meta/argument_specs.yml"))
@@ -57,7 +57,7 @@ def test_every_free_form_role_option_has_a_rule_or_a_reason():
     loose = sorted(name for name, (_, o) in options.items()
                    if o.get("type", "str") not in ("bool", "int") and "choices" not in o
                    and name not in ROLE_RULES and name not in EXEMPT)
-    assert loose == [], "free-form role options without a rule: add them to pdnode.core.values.ROLE_RULES"
+    assert loose == [], "free-form role options without a rule: add them to pdnode.core.rules.values.ROLE_RULES"
     assert sorted(set(ROLE_RULES) - set(options)) == [], "rules for options no role declares"
     assert sorted(set(EXEMPT) - set(options)) == [], "exemptions for options no role declares"
 

@@ -1,4 +1,4 @@
-"""The pd_services role's view of the plan (pdnode.core.roles.pd_services) and the run-time
+"""The pd_services role's view of the plan (pdnode.core.plan.roles.pd_services) and the run-time
 rules its modules answer with (pd_services_files: the orphans and the restart set;
 node_state: what differs, by kind): the cases the role's Jinja used to handle.
 
@@ -19,9 +19,9 @@ from ansible.plugins.filter.core import to_nice_json
 from module_runner import load_module
 from planvars import changed, variables
 
-from pdnode.core.inventory import inventory_variables
-from pdnode.core.plan import build_plan
-from pdnode.core.roles.pd_services import nice_json
+from pdnode.core.inventory.read import inventory_variables
+from pdnode.core.plan.build import build_plan
+from pdnode.core.plan.roles.pd_services import nice_json
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES_MODULE = load_module(ROOT / "plugins" / "modules" / "pd_services_files.py")
@@ -80,7 +80,7 @@ def test_every_file_kind_with_the_managed_mode_and_owners():
 
 
 def test_a_file_the_plan_does_not_manage_is_a_defect_here():
-    from pdnode.core.roles import pd_services
+    from pdnode.core.plan.roles import pd_services
     plan = build_plan(variables("demo"), "node").as_dict()
     with pytest.raises(KeyError, match="not among the plan's managed paths"):
         pd_services._file({}, "/etc/x", "config", content="")

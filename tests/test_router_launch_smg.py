@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pdnode.core import argtable
+from pdnode.core.rules import argtable
 from pdnode.node import router_launch
-from pdnode.core.plan import OWNED_ROUTER_ARGS
+from pdnode.core.plan.build import OWNED_ROUTER_ARGS
 
 CLIENT = "sk-client-77aa"
 ADMIN = "adm-91:colon:key"
@@ -228,12 +228,12 @@ def test_every_router_argument_the_plan_owns_means_the_same_in_smg():
                                                                           for f in ("flag", "kind", "list")}
         assert same, (key, SMG[key], ROUTER_032[key])
     # the policies the plan offers are smg's too
-    from pdnode.core.plan import ROUTER_POLICIES
+    from pdnode.core.plan.build import ROUTER_POLICIES
     assert set(ROUTER_POLICIES) <= set(SMG["policy"]["choices"])
 
 
 def test_smg_table_names_its_source_and_shapes():
-    doc = json.loads((Path(argtable.__file__).parents[1] / argtable.SMG_TABLE).read_text())
+    doc = json.loads((Path(argtable.__file__).parents[2] / argtable.SMG_TABLE).read_text())
     assert doc["source"] == "smg 1.13.0"
     assert SMG["prefill"]["list"] and SMG["decode"]["list"] and SMG["pd_disaggregation"]["kind"] == "flag"
     assert SMG["sse_keepalive_secs"]["kind"] == "int"  # smg's unsigned parser counts as an integer

@@ -1,4 +1,4 @@
-"""The registry of the plan's rules (pdnode.core.rules) is whole and true.
+"""The registry of the plan's rules (pdnode.core.rules.catalogue) is whole and true.
 
 RULE_CASES gives each registered rule a minimal change to inventories/gpu01 (valid; see
 tests/planvars.py) that triggers it: the problem the plan reports carries that rule's id
@@ -20,10 +20,10 @@ import test_plan_hostile
 from planvars import DECODE_REPLICAS, ROOT, changed
 
 from pdnode.commands import cli
-from pdnode.core.deferred import Deferred
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import PlanError, build_plan
-from pdnode.core.rules import BY_ID, RULES
+from pdnode.core.inventory.deferred import Deferred
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import PlanError, build_plan
+from pdnode.core.rules.catalogue import BY_ID, RULES
 
 IB = {i: f"mlx5_{i}" for i in range(8)}
 
@@ -260,8 +260,8 @@ def test_every_problem_of_the_plan_tests_has_a_registered_id(gpu01_vars, changes
 
 # The checker's calls in the plan's modules: c.error / c.warn / self.error (plan,
 # instances, ports), error (values), WeightsError (capacity).
-MODULES = ["plan.py", "instances.py", "ports.py", "values.py", "capacity.py", "cluster.py", "guards.py",
-           "router_judge.py", "disagg.py"]
+MODULES = ["plan/build.py", "rules/instances.py", "rules/ports.py", "rules/values.py", "rules/capacity.py",
+           "plan/cluster.py", "rules/guards.py", "rules/router_judge.py", "rules/disagg.py"]
 _FORWARDS = {"rule_id"}  # c.error(exc.rule_id, ...) passes on an id set at the source
 
 
@@ -292,7 +292,7 @@ def test_every_call_site_passes_a_registered_id():
             seen.add(first.value)
     assert count > 60  # the walk found the call sites at all
     # the capacity findings' ids are made by Finding.rule_id, not at a call site
-    capacity_source = (ROOT / "src" / "pdnode" / "core" / "capacity.py").read_text()
+    capacity_source = (ROOT / "src" / "pdnode" / "core" / "rules" / "capacity.py").read_text()
     found = {r for r in BY_ID if f'"{r}"' in capacity_source}
     cli_source = (ROOT / "src" / "pdnode" / "commands" / "cli.py").read_text()
     judged = {r for r in SGLANG_JUDGE_RULES if f'"{r}"' in cli_source}

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pdnode.core import monitoring
+from pdnode.core.plan import monitoring
 from pdnode.commands import runbooks
 from pdnode.commands.cli import main
-from pdnode.core.inventory import inventory_variables, load_inventory
-from pdnode.core.plan import build_plan
+from pdnode.core.inventory.read import inventory_variables, load_inventory
+from pdnode.core.plan.build import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 INVENTORIES = ["gpu01", "gpu01-2p1d", "demo"]

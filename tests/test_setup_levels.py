@@ -40,7 +40,7 @@ def test_runtime_then_full_share_one_venv(tmp_path):
         assert (venv / "bin" / tool).exists(), tool
     # the demo's connection plugin, and pdnode itself from this copy
     assert _has(tree, "ansible_collections.community.docker.plugins.connection.docker")
-    assert _has(tree, "pdnode.core.plan")
+    assert _has(tree, "pdnode.core.plan.build")
     # not the test toolchain
     for tool in ("molecule", "ansible-lint", "pytest", "ruff"):
         assert not (venv / "bin" / tool).exists(), f"{tool} came with the runtime"

@@ -43,8 +43,8 @@ import pytest
 import yaml
 from planvars import changed
 
-from pdnode.core.inventory import inventory_hosts, inventory_variables
-from pdnode.core.plan import PlanError, build_plan
+from pdnode.core.inventory.read import inventory_hosts, inventory_variables
+from pdnode.core.plan.build import PlanError, build_plan
 from pdnode.node.unitcheck import exec_line
 
 pytestmark = pytest.mark.integration

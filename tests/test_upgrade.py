@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdnode.core import upgrade
+from pdnode.core.change import upgrade
 from pdnode.node import upgrade_probe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,7 +192,7 @@ def test_release_of_venv_reads_the_plans_directory_names():
 
 
 def test_release_name_matches_plan_release():
-    from pdnode.core.plan import _release
+    from pdnode.core.plan.build import _release
 
     for v in (versions(), versions(pdnode_router_package="smg")):
         name = _release({**v, "pdnode_engine": "sim"})
@@ -332,7 +332,7 @@ def test_report_rollback_failed(steps, verify):
 
 
 def test_cli_one_line_errors():
-    proc = subprocess.run([sys.executable, "-m", "pdnode.core.upgrade", "decide"], input=json.dumps(
+    proc = subprocess.run([sys.executable, "-m", "pdnode.commands.upgrade", "decide"], input=json.dumps(
         {"record": None, "unit_venv": "", "target": NEW}), capture_output=True, text=True,
         env={"PYTHONPATH": str(REPO / "src")}, timeout=30)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdnode.core import argtable
-from pdnode.core.fields import BY_NAME
+from pdnode.core.rules import argtable
+from pdnode.core.inventory.fields import BY_NAME
 from pdnode.node import releases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_the_fields_defaults_are_the_releases():
 @pytest.mark.parametrize("table", [argtable.SGLANG_TABLE, argtable.ROUTER_TABLE, argtable.SMG_TABLE,
                                    f"data/serverargs-{releases.SGLANG}.txt"])
 def test_the_releases_argument_tables_exist(table):
-    assert resources.files("pdnode").joinpath(table).is_file(), f"{table}: generate it (pdnode.core.argtable)"
+    assert resources.files("pdnode").joinpath(table).is_file(), f"{table}: generate it (pdnode.core.rules.argtable)"
 
 
 # Where a release may still be written down: the copies above, and the mooncake scenario,

@@ -1,4 +1,4 @@
-"""Ansible filters over pdnode.core.hostfacts / pdnode.core.preflight / pdnode.core.mooncake_select.
+"""Ansible filters over pdnode.core.host.facts / pdnode.core.host.preflight / pdnode.core.rules.mooncake_select.
 
 Thin by design: every parser and every rule lives in src/pdnode/; these wrappers
 only convert exceptions into AnsibleFilterError.
@@ -12,10 +12,12 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 
 try:
-    from pdnode.core import hostfacts, mooncake_select, preflight
+    from pdnode.core.host import facts as hostfacts, preflight
+    from pdnode.core.rules import mooncake_select
 except ImportError:  # not installed (e.g. ansible-core carried as wheels): use the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-    from pdnode.core import hostfacts, mooncake_select, preflight
+    from pdnode.core.host import facts as hostfacts, preflight
+    from pdnode.core.rules import mooncake_select
 
 
 def pdnode_hostfacts(raw):

@@ -1,4 +1,4 @@
-"""Ansible filters over pdnode.core.monitoring (the monitoring role's files). No rule lives here."""
+"""Ansible filters over pdnode.core.plan.monitoring (the monitoring role's files). No rule lives here."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 
 try:
-    from pdnode.core import monitoring
+    from pdnode.core.plan import monitoring
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-    from pdnode.core import monitoring
+    from pdnode.core.plan import monitoring
 
 
 def _plain(value):

@@ -1,4 +1,4 @@
-"""Ansible filters over the pdnode plan core. No rule lives here: see src/pdnode/core/plan.py."""
+"""Ansible filters over the pdnode plan core. No rule lives here: see src/pdnode/core/plan/build.py."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from ansible.errors import AnsibleFilterError
 
 try:
     from pdnode.node import unitcheck
-    from pdnode.core import values
-    from pdnode.core.cluster import layout_view
-    from pdnode.core.plan import PlanError, build_plan
+    from pdnode.core.rules import values
+    from pdnode.core.plan.cluster import layout_view
+    from pdnode.core.plan.build import PlanError, build_plan
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from pdnode.node import unitcheck
-    from pdnode.core import values
-    from pdnode.core.cluster import layout_view
-    from pdnode.core.plan import PlanError, build_plan
+    from pdnode.core.rules import values
+    from pdnode.core.plan.cluster import layout_view
+    from pdnode.core.plan.build import PlanError, build_plan
 
 
 def _site_variables(hostvars) -> dict:
@@ -76,7 +76,7 @@ def pdnode_exec_line(argv, prefix: str = "") -> str:
 
 def pdnode_role_value_problem(value, name: str) -> str:
     """'' when the role variable NAME may hold VALUE, else one line: "NAME must ... (got
-    VALUE); fix: ..." (pdnode.core.values.ROLE_RULES: the rules `pdnode check` applies too)."""
+    VALUE); fix: ..." (pdnode.core.rules.values.ROLE_RULES: the rules `pdnode check` applies too)."""
     return values.role_value_problem(name, value) or ""
 
 

@@ -130,7 +130,7 @@ options:
   orphans:
     description:
       - The rule that names what the plan no longer has, the C(orphans) of
-        pdnode.core.roles.pd_services. Unit files in C(unit_dir) matching C(own_pattern)
+        pdnode.core.plan.roles.pd_services. Unit files in C(unit_dir) matching C(own_pattern)
         that are not in C(keep) are disabled and removed with their drop-ins,
         C(<config_dir>/<id>.json), C(<id>.env) and record C(<applied_dir>/<id>.sha256), the
         id being the unit's name without C(<prefix>-) and C(.service). A coupling drop-in of
@@ -141,7 +141,7 @@ options:
     type: dict
   restart:
     description:
-      - The restart rule, the C(restart) of pdnode.core.roles.pd_services. C(engines) in start
+      - The restart rule, the C(restart) of pdnode.core.plan.roles.pd_services. C(engines) in start
         order, C(prefills), C(bound) (decodes bound to the node's one prefill), C(router)
         (the router runs here), C(all) (a new release, so every engine restarts) and
         C(router_venv) (the router's venv changed). RV(restart) answers it.
@@ -230,7 +230,7 @@ TMP_PREFIX = ".pdnode-"
 TMP_SUFFIX = ".tmp"
 # mkstemp's names only: a leftover of a killed run, never anything else in /etc.
 TMP_RE = re.compile(r"^\.pdnode-[A-Za-z0-9_]{8}\.tmp$")
-# The records: the module's user's alone (root:root on a host: pdnode.core.managed lists
+# The records: the module's user's alone (root:root on a host: pdnode.core.plan.managed lists
 # them with this mode and owners), as _write_records makes them.
 RECORD_MODE = 0o600
 SECRET_DIFF = "(secret: content not shown)\n"  # noqa: S105 - a placeholder, not a password

@@ -19,12 +19,12 @@ TABLE = REPO / "src/pdnode/data/serverargs-0.5.23.json"
 
 def test_sglang_argument_table_is_current(sglang_env):
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1")
-    r = subprocess.run([str(sglang_env), "-m", "pdnode.core.argtable", "sglang"], check=False, capture_output=True, text=True,
+    r = subprocess.run([str(sglang_env), "-m", "pdnode.core.rules.argtable", "sglang"], check=False, capture_output=True, text=True,
                        env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     live = json.loads(r.stdout)
     assert live["source"] == "sglang 0.5.23"
     assert json.loads(TABLE.read_text()) == live, (
-        'regenerate: PYTHONPATH=src "$(scripts/sglang-validator)" -m pdnode.core.argtable sglang '
+        'regenerate: PYTHONPATH=src "$(scripts/sglang-validator)" -m pdnode.core.rules.argtable sglang '
         "> src/pdnode/data/serverargs-0.5.23.json")
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdnode.core import sglang_judge
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import build_plan
+from pdnode.core.rules import sglang_judge
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import build_plan
 
 pytestmark = pytest.mark.conformance
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from sglang_cases import DEEPSEEK_V3_TINY, with_
 
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import build_plan
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import build_plan
 
 pytestmark = pytest.mark.conformance
 

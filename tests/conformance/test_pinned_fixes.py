@@ -7,7 +7,7 @@ new pin that drops the fix fails here, naming the row, before a node meets the f
 - Row 4 (sglang#13054): a session blacklisted at its first transfer failure is probed and
   lifted again (the failed-session probe, on by default, every 30 s at first).
 - Row 12 (sglang#39611): DP replicas draw their NCCL ports from the range the plan keeps
-  its listeners out of (pdnode.core.ports.REPLICA_NCCL_DRAW), and still cannot share a
+  its listeners out of (pdnode.core.rules.ports.REPLICA_NCCL_DRAW), and still cannot share a
   pinned one.
 
 - Row 17 (sglang#27666): a decode with its radix cache and its KV offload both on releases
@@ -109,7 +109,7 @@ def _sender_compares_attn_dp_rank_with_the_room(path: str) -> bool:
 def test_row_14_a_prefill_of_dp_replicas_is_accepted_and_then_fails_its_hand_offs(pinned, sglang_run):
     from sglang_cases import PREFILL_TP4, with_
 
-    from pdnode.core.rules import BY_ID
+    from pdnode.core.rules.catalogue import BY_ID
 
     assert BY_ID["disagg-prefill-dp-replicas"].severity == "error"
     # the reference prefill's four GPUs as the two TP-2 replicas the rule refuses
@@ -163,7 +163,7 @@ print(json.dumps({"draw": inspect.getsource(n.get_free_port_below_ephemeral),
 
 
 def test_row_12_dp_replicas_draw_their_nccl_port_where_the_plan_warns(sglang_run):
-    from pdnode.core.ports import REPLICA_NCCL_DRAW
+    from pdnode.core.rules.ports import REPLICA_NCCL_DRAW
 
     r = sglang_run(["-c", DRAW])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -192,8 +192,8 @@ def _strings(node: ast.AST) -> str:
 
 
 def test_row_13_hybrid_state_is_sliced_between_attention_tp_sizes_but_block_scales_are_not(pinned):
-    from pdnode.core.instances import BLOCK_SCALED_KV_DTYPES
-    from pdnode.core.rules import BY_ID
+    from pdnode.core.rules.instances import BLOCK_SCALED_KV_DTYPES
+    from pdnode.core.rules.catalogue import BY_ID
 
     disagg = Path(pinned["mooncake"]).parents[1]
     send = _function(ast.parse(Path(pinned["mooncake"]).read_text(encoding="utf-8")), "maybe_send_extra")
@@ -237,7 +237,7 @@ print(json.dumps({"auto": get_local_ip_auto(), "hostnames": hostnames}))
 def test_row_16_the_transfer_engine_advertises_the_plans_host_address(sglang_env):
     import os
 
-    from pdnode.core import kv_path
+    from pdnode.core.plan import kv_path
 
     assert kv_path.ADDRESS_VARIABLE == "SGLANG_HOST_IP"
     # a process of its own: SGLang may read the variable when it is imported

@@ -1,6 +1,6 @@
 """The plan core's ServerArgs (<config_dir>/<service>.json), judged by SGLang 0.5.23 itself.
 
-pdnode.core.plan.build_plan(inventory) must produce ServerArgs that the real SGLang accepts,
+pdnode.core.plan.build.build_plan(inventory) must produce ServerArgs that the real SGLang accepts,
 for every engine service of every layout. Only model_path is swapped for a tiny local
 model of the same kind (the inventory's /models/... directory is on the GPU host, not
 here); every other field is the plan's.
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from sglang_cases import DECODE_DP4_EP4, DEEPSEEK_V3_TINY, PREFILL_TP4, QWEN2_TINY, with_
 
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import build_plan
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import build_plan
 
 pytestmark = pytest.mark.conformance
 

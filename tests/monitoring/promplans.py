@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import build_plan
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 

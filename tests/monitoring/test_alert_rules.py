@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
-from pdnode.core import monitoring
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import build_plan
+from pdnode.core.plan import monitoring
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import build_plan
 from promplans import ROOT, plan_of, promtool
 
 # the router package's too: smg (the default) and sglang-router export the same smg_* names
@@ -366,7 +366,7 @@ def test_thresholds_unset_render_no_latency_rules_and_the_paths_kv_floor(tmp_pat
     rules = all_rules(yaml.safe_load(text))
     assert not set(rules) & {"PdTtftP99High", "PdItlP99High"}
     assert "PdBootstrapFailures" in rules
-    # real engines: the KV floor is the path's (pdnode.core.kv_path.floor_gb_s), never absent
+    # real engines: the KV floor is the path's (pdnode.core.plan.kv_path.floor_gb_s), never absent
     floor = plan["cluster"]["kv"]["floor_gb_s"]
     assert plan["cluster"]["kv"]["floor_from_path"] and floor > 0
     assert rules["PdKvTransferSlow"]["expr"].rstrip().endswith(f"< {float(floor):g}")

@@ -1,4 +1,4 @@
-"""prometheus.yml rendered from the plan (pdnode.core.monitoring.scrape_config), checked with the
+"""prometheus.yml rendered from the plan (pdnode.core.plan.monitoring.scrape_config), checked with the
 real `promtool check config`, and what the dashboard and the alert rules read from it.
 
 Plans come from the repository's inventories (one instance per role, 2P1D, 1P2D; the
@@ -15,7 +15,7 @@ import subprocess
 from typing import Any
 
 import pytest
-from pdnode.core import monitoring
+from pdnode.core.plan import monitoring
 from promplans import ROOT, plan_of, promtool
 
 INVENTORIES = ["demo", "gpu01", "gpu01-2p1d", "gpu01-1p2d"]

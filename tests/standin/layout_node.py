@@ -26,7 +26,7 @@ from typing import Any
 
 from .node import MODEL_CONFIG, REPO, NodeError, _status, _stop, _wait, free_ports
 
-from pdnode.core.plan import build_plan
+from pdnode.core.plan.build import build_plan
 from pdnode.verify.metrics import Snapshot, histogram_delta, merge, parse
 
 

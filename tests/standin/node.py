@@ -77,13 +77,13 @@ def dp_attention_clear(ports: Sequence[int], dp_attention_at: Sequence[int]) -> 
 # Where the test nodes listen: below the kernel's ephemeral range, whose ports any
 # outgoing connection on the machine may take between a draw and a late bind (a router
 # started after its engines lost its port that way to a busy CI: "Address already in
-# use"), and below SGLang's DP replicas' NCCL draw (22000-29999, pdnode.core.ports), where
+# use"), and below SGLang's DP replicas' NCCL draw (22000-29999, pdnode.core.rules.ports), where
 # the plan warns; 240 below it leaves room for a DP-attention instance's internal ports.
 LISTEN_PORTS_FROM = 10000
 
 
 def _listen_ports() -> range:
-    from pdnode.core.ports import REPLICA_NCCL_DRAW
+    from pdnode.core.rules.ports import REPLICA_NCCL_DRAW
 
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:

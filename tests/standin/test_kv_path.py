@@ -1,4 +1,4 @@
-"""The stand-in's hand-off follows the path the plan rendered (pdnode.core.kv_path): it reads
+"""The stand-in's hand-off follows the path the plan rendered (pdnode.core.plan.kv_path): it reads
 Mooncake's own switches from its environment (MC_INTRANODE_NVLINK, MC_FORCE_TCP), says
 which path it runs, and reports each transfer at PDNODE_SIM_KV_GB_S, the plan's speed for
 that path: its simulated time, which no machine load changes. The bytes cross loopback
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdnode.core.kv_path import MOONCAKE_NO_RNIC, MOONCAKE_RDMA, MOONCAKE_RDMA_INSTALL_FAILED
+from pdnode.core.plan.kv_path import MOONCAKE_NO_RNIC, MOONCAKE_RDMA, MOONCAKE_RDMA_INSTALL_FAILED
 
 from .node import NodeError, metric_sum, standin_node
 

@@ -37,10 +37,10 @@ from typing import Any
 import pytest
 
 from pdnode.commands.bench_report import layout as bench_layout
-from pdnode.core import planner_model
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import build_plan
-from pdnode.core.planner_model import Params, Pool, Shape, Workload, capacities, fit, predict, run_from_bench
+from pdnode.core.planner import model as planner_model
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import build_plan
+from pdnode.core.planner.model import Params, Pool, Shape, Workload, capacities, fit, predict, run_from_bench
 
 from .layout_node import closed_loop, layout_node
 from .node import REPO, request

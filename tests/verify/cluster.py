@@ -5,7 +5,7 @@ on free ports: the multi-instance node of issue 10, for the verifier's tests.
         c.instances["prefill-1"].url, c.router_url, c.stop("prefill-1")
 
 Instance ids, GPU lists and TP sizes are the plan's (nodeplan.plan_for builds the plan
-of a running cluster with pdnode.core.plan.build_plan). Each process logs to <dir>/<id>.log.
+of a running cluster with pdnode.core.plan.build.build_plan). Each process logs to <dir>/<id>.log.
 The single-pair node of tests/standin/node.py is the same thing with one of each.
 """
 

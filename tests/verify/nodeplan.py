@@ -1,7 +1,7 @@
 """Plans for the verifier's tests, in the plan's shape (plan["services"]: N prefill + M
 decode instances and the router).
 
-plan_for(node): the REAL plan (pdnode.core.plan.build_plan) of a running stand-in node -- the
+plan_for(node): the REAL plan (pdnode.core.plan.build.build_plan) of a running stand-in node -- the
 one-pair node of tests/standin/node.py or a cluster of tests/verify/cluster.py -- from the
 demo inventory's variables with the node's instances, GPUs and free ports.
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from pdnode.core.fields import FIELDS
-from pdnode.core.plan import build_plan
-from pdnode.core.plan_schema import SCHEMA_ID
+from pdnode.core.inventory.fields import FIELDS
+from pdnode.core.plan.build import build_plan
+from pdnode.core.plan.schema import SCHEMA_ID
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """The verifier on a node of 2 prefill + 1 decode instances (the gpu01-2p1d layout: two
 prefills of TP 2, a decode of TP 4 with attention-DP 4), stand-ins behind the REAL
-sglang-router 0.3.2, with the plan pdnode.core.plan.build_plan makes for it. All serve: PASS,
+sglang-router 0.3.2, with the plan pdnode.core.plan.build.build_plan makes for it. All serve: PASS,
 every instance named and proven; one prefill stopped: FAIL, naming it, while the others
 are still proven. The stop runs last (it kills prefill-1 for the module).
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdnode.core.kv_path import MOONCAKE_TRANSPORT_LINES, logged_transport
+from pdnode.core.plan.kv_path import MOONCAKE_TRANSPORT_LINES, logged_transport
 from pdnode.standin.config import load_sim_settings as sim_from_env
 
 GLOG = "I1203 17:25:49.429721  3726 transfer_engine_impl.cpp:387] "

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from nodeplan import contract_plan
 
-from pdnode.core.inventory import load_inventory
-from pdnode.core.plan import build_plan
+from pdnode.core.inventory.read import load_inventory
+from pdnode.core.plan.build import build_plan
 from pdnode.verify.checks import all_checks
 from pdnode.verify.config import build_run
 
@@ -56,10 +56,11 @@ def test_every_instance_of_a_real_plan_is_checked(inventory, prefills, decodes):
 
 
 def test_the_threshold_table_exists_once():
-    """core/thresholds.py is the table; the inventory's validation and docs read the same
-    keys (pdnode.core.fields), the alert rules a subset (pdnode.core.monitoring)."""
-    from pdnode.core import fields, monitoring
-    from pdnode.core import thresholds
+    """core/inventory/thresholds.py is the table; the inventory's validation and docs read the same
+    keys (pdnode.core.inventory.fields), the alert rules a subset (pdnode.core.plan.monitoring)."""
+    from pdnode.core.inventory import fields
+    from pdnode.core.plan import monitoring
+    from pdnode.core.inventory import thresholds
 
     assert fields.THRESHOLD_KEYS == thresholds.THRESHOLD_KEYS
     assert set(monitoring.RULE_THRESHOLDS) <= set(thresholds.THRESHOLDS)

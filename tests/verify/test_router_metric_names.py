@@ -25,7 +25,7 @@ from nodeplan import plan_for
 from routerproc import REPO, key_file, router_process
 from test_router_smg import _require_smg
 
-from pdnode.core import monitoring
+from pdnode.core.plan import monitoring
 
 pytestmark = pytest.mark.integration
 

@@ -167,12 +167,12 @@ def test_the_verifier_passes_against_smg(node, tmp_path):
 
 def test_smg_argument_table_is_current():
     _require_smg()
-    r = subprocess.run([SMG_PYTHON, "-m", "pdnode.core.argtable", "smg"], capture_output=True, text=True, check=False,
+    r = subprocess.run([SMG_PYTHON, "-m", "pdnode.core.rules.argtable", "smg"], capture_output=True, text=True, check=False,
                        env={**os.environ, "PYTHONPATH": str(REPO / "src")}, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     committed = json.loads((REPO / "src/pdnode/data/routerargs-smg-1.13.0.json").read_text())
     assert json.loads(r.stdout) == committed, (
-        "regenerate: PYTHONPATH=src python -m pdnode.core.argtable smg > src/pdnode/data/routerargs-smg-1.13.0.json")
+        "regenerate: PYTHONPATH=src python -m pdnode.core.rules.argtable smg > src/pdnode/data/routerargs-smg-1.13.0.json")
 
 
 def test_without_a_client_key_the_admin_key_still_guards_workers(tmp_path):

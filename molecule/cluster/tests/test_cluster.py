@@ -259,7 +259,7 @@ def test_verify_names_the_unreachable_host_and_the_node_recovers_when_it_is_back
 
 # Last: it leaves the hosts on another release.
 def test_upgrade_switches_one_host_at_a_time_verifying_the_layout_from_each(tmp_path):
-    from pdnode.core.fields import BY_NAME
+    from pdnode.core.inventory.fields import BY_NAME
 
     # A new release: another Mooncake CUDA 13 pin (the stand-in does not install it), so a
     # new release directory on every host with the serving release's packages.

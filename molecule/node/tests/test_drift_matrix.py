@@ -7,7 +7,7 @@ restored, but the router's admin key, chowned to root, was not (the read looked 
 key by name only, and the key was written only when missing): the router then could not
 start, and every deploy after that failed on it. A fast path sees only what it reads, so
 the cases here are not written from memory: they are generated from the plan's list of
-managed paths (`managed`, pdnode.core.managed; tests/test_managed_paths.py holds that list
+managed paths (`managed`, pdnode.core.plan.managed; tests/test_managed_paths.py holds that list
 to what the roles' tasks and templates write), one case per path and per aspect a re-run
 restores (its `restores`: content, mode, owner, group, presence). The drifts of one aspect
 go in together, one deploy for all of them: no drift of a batch can hide another from its

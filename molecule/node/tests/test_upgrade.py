@@ -75,7 +75,7 @@ def playbook(inventory: Path, name: str) -> subprocess.CompletedProcess:
 
 
 def release(router: str, cu13: str) -> str:
-    from pdnode.core.fields import BY_NAME
+    from pdnode.core.inventory.fields import BY_NAME
 
     mooncake = BY_NAME["pdnode_mooncake_version"].default
     part = f"router-{BY_NAME['pdnode_sglang_router_version'].default}" if router == "sglang-router" \
@@ -85,7 +85,7 @@ def release(router: str, cu13: str) -> str:
 
 def router_venv(package: str) -> str:
     """The router's own venv: its package and version name it (plan.router_venv_name)."""
-    from pdnode.core.fields import BY_NAME
+    from pdnode.core.inventory.fields import BY_NAME
 
     key = "pdnode_smg_version" if package == "smg" else "pdnode_sglang_router_version"
     return f"{VENVS}/router-{package}-{BY_NAME[key].default}"
@@ -115,7 +115,7 @@ def router_running(host) -> list[str]:
 @pytest.fixture(scope="module")
 def versions(inventory, tmp_path_factory):
     """An inventory per release: the scenario's host_vars with other versions."""
-    from pdnode.core.fields import BY_NAME
+    from pdnode.core.inventory.fields import BY_NAME
 
     base = yaml.safe_load((inventory / "host_vars" / f"{CONTAINER}.yml").read_text()) or {}
     cu13 = BY_NAME["pdnode_mooncake_cuda13_version"].default

@@ -15,11 +15,11 @@ import json
 import re
 import sys
 
-# The Mooncake distributions pdnode installs: pdnode.core.mooncake_select.PACKAGES (this runs
+# The Mooncake distributions pdnode installs: pdnode.core.rules.mooncake_select.PACKAGES (this runs
 # before the release venv holds pdnode; tests/test_mooncake_import_check.py keeps them equal)
 BUILDS = ("mooncake-transfer-engine", "mooncake-transfer-engine-cuda13", "mooncake-transfer-engine-non-cuda")
 FIX = ("install the Mooncake build for the stack's CUDA (mooncake-transfer-engine for CUDA 12, "
-       "mooncake-transfer-engine-cuda13 for CUDA 13: pdnode.core.mooncake_select, the plan's pdnode_mooncake_version), "
+       "mooncake-transfer-engine-cuda13 for CUDA 13: pdnode.core.rules.mooncake_select, the plan's pdnode_mooncake_version), "
        "then re-run")
 
 

@@ -4,7 +4,7 @@
 cuInit, cuDeviceGetCount, then per device its name and PCI bus id and (unless
 --no-context) a primary context retained and released again. CUDA_VISIBLE_DEVICES is
 removed first so every GPU is seen. Exit status 0 even on failure: the verdict is the
-JSON (judged by pdnode.core.preflight), not the exit code.
+JSON (judged by pdnode.core.host.preflight), not the exit code.
 """
 import ctypes
 import json

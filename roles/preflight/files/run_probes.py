@@ -3,7 +3,7 @@
 
 Argument: a JSON object {name: shell command}. Prints one JSON object
 {name: {"rc": int, "stdout": str, "stderr": str}}. Nothing is parsed or judged here
-(that is pdnode.core.hostfacts / pdnode.core.preflight on the controller); this only saves one
+(that is pdnode.core.host.facts / pdnode.core.host.preflight on the controller); this only saves one
 module round trip per probe and bounds each command's time (nvidia-smi can hang on a
 GPU that fell off the bus): a probe that times out gets rc 124 and says so in stderr.
 """

@@ -340,8 +340,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], str, Path]:
-    from ..core.inventory import InventoryError, inventory_hosts
-    from ..core.load import load_plan
+    from ..core.inventory.read import InventoryError, inventory_hosts
+    from ..core.plan.load import load_plan
 
     host = args.host
     if host is None:  # several hosts and no --host: the one that runs the router of the layout

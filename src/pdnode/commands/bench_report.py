@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.instances import gpus_text
+from ..core.rules.instances import gpus_text
 from ..verify.metrics import MetricsParseError, Snapshot, counter_delta, parse
 
 SCHEMA = "pdnode.bench/1"

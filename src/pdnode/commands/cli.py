@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 
 from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
-from ..core.inventory import InventoryError, inventory_variables, load_inventory
-from ..core.load import Unplannable, load_plan, problem_lines, source_of
-from ..core.instances import gpus_text
-from ..core.plan import Plan, PlanError, Problem, build_plan
+from ..core.inventory.read import InventoryError, inventory_variables, load_inventory
+from ..core.plan.load import Unplannable, load_plan, problem_lines, source_of
+from ..core.rules.instances import gpus_text
+from ..core.plan.build import Plan, PlanError, Problem, build_plan
 
 
 def _hosts_to_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, dict]]:
@@ -51,7 +51,7 @@ def _problem_json(problem: Problem, sources: dict[str, str]) -> dict[str, object
 def _sglang_verdicts(plan: Plan) -> tuple[list[Problem], list[Problem]]:
     """SGLang's own validation of every engine's ServerArgs on this host (problems,
     warnings); where it cannot run, one warning says so and pdnode's rules stand alone."""
-    from ..core import sglang_judge  # controller only: runs the validator environment
+    from ..core.rules import sglang_judge  # controller only: runs the validator environment
 
     engines = plan.engines()
     want = plan.settings["pdnode_sglang_version"]
@@ -101,7 +101,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     verdicts = {host: _host_verdict(args, host, peers) for host in hosts}
     if args.json:
         # For scripts: the same verdict and exit code, every problem with its rule id
-        # (pdnode.core.rules; docs/inventory.md lists them). An unreadable inventory stays a
+        # (pdnode.core.rules.catalogue; docs/inventory.md lists them). An unreadable inventory stays a
         # line on stderr, exit 2: there is no plan to report on. One host: its report;
         # several: {ok, hosts: [report, ...]}.
         reports = []
@@ -142,7 +142,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     elif args.role == "plan":
         print(json.dumps(plan.as_dict(), indent=2, sort_keys=True))
     elif args.role == "alerts":
-        from ..core.monitoring import render_alert_rules  # controller-only: reads templates/
+        from ..core.plan.monitoring import render_alert_rules  # controller-only: reads templates/
         print(render_alert_rules(plan.as_dict()), end="")
     elif args.role in plan.services:
         print(json.dumps(plan.services[args.role]["args"], indent=2, sort_keys=True))
@@ -229,7 +229,7 @@ def _explain_layout(plan: Plan) -> None:
             else f"; what it adds to TTFT: KV bytes per token {kv['bytes_source']}")
     print(f"KV hand-off: {kv['path']}, about {kv['gb_s']:g} GB/s ({kv['why']}){adds}.")
     if kv["bytes_per_token"]:
-        from ..core.kv_path import SPEEDS, handoff_seconds
+        from ..core.plan.kv_path import SPEEDS, handoff_seconds
         others = ", ".join(f"{path} {_seconds(handoff_seconds(kv['bytes_per_token'], kv['prompt_tokens'], gb_s))}"
                            for path, (gb_s, _) in SPEEDS.items() if path not in (kv["path"], "nixl"))
         print(f"  the same prompt over the other paths: {others}.")

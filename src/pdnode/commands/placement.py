@@ -1,5 +1,5 @@
 """`pdnode placement INVENTORY --topo FILE`: the plan's GPUs against the host's
-`nvidia-smi topo -m` (the judgement: pdnode.core.placement_advice; docs/placement.md)."""
+`nvidia-smi topo -m` (the judgement: pdnode.core.host.placement_advice; docs/placement.md)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.exits import EXIT_CANNOT_RUN
-from ..core.hostfacts import parse_topo_matrix
-from ..core.load import Unplannable, load_plan
-from ..core.placement import SCHEMA
+from ..core.host.facts import parse_topo_matrix
+from ..core.plan.load import Unplannable, load_plan
+from ..core.host.placement import SCHEMA
 
 EPILOG = """\
 FILE is the saved output of `nvidia-smi topo -m` on the host (docs/placement.md).
@@ -39,7 +39,7 @@ def cmd_placement(args: argparse.Namespace) -> int:
     topo = parse_topo_matrix(text)
     if not any(d.startswith("GPU") for d in topo["devices"]) or not topo["links"]:
         return _cannot_run(args, f"{args.topo} is not `nvidia-smi topo -m` output (no GPU0 header row and matrix)")
-    from ..core.placement_advice import advise  # the judgement
+    from ..core.host.placement_advice import advise  # the judgement
 
     try:
         advice = advise(topo, plan.services, plan.settings.get("pdnode_ib_devices") or None)

@@ -3,7 +3,7 @@ host's GPUs into prefill and decode instances serves a workload best (docs/plann
 
 Measured (--measurements): it fits the engine's rates to `pdnode bench --json` runs
 (planner_model.py). Prior (no --measurements): NVIDIA aiconfigurator's SGLang database
-estimates each layout at its best batch sizes (core/prior.py), before any GPU hour;
+estimates each layout at its best batch sizes (core/planner/prior.py), before any GPU hour;
 calibrated (--measurements with --prior): the prior's latencies scaled to the runs.
 Either way it enumerates the layouts of pdnode_gpu_count GPUs, asks the plan which it
 accepts (planner_layouts.py), predicts each layout's throughput, TTFT and ITL, and prints
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core import prior
+from ..core.planner import prior
 from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
-from ..core.kv_path import SPEEDS, kv_bytes_from_config
+from ..core.plan.kv_path import SPEEDS, kv_bytes_from_config
 from ..core.resources import controller_dir
-from ..core.planner_model import (MeasurementError, Params, Pool, Prediction, Run, Shape, Workload, fit, pool_of,
+from ..core.planner.model import (MeasurementError, Params, Pool, Prediction, Run, Shape, Workload, fit, pool_of,
                                   predict, run_from_bench)
 
 SCHEMA = "pdnode.planner/1"
@@ -176,8 +176,8 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
-    from ..core.load import load_plan
-    from ..core.planner_layouts import enumerate_layouts, instance_entries, judge
+    from ..core.plan.load import load_plan
+    from ..core.planner.layouts import enumerate_layouts, instance_entries, judge
 
     loaded = load_plan(args.inventory, args.host)  # Unplannable: pdnode's main says why
     plan, variables, host = loaded.plan, loaded.variables, loaded.plan.host
@@ -187,7 +187,7 @@ def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
     repo = controller_dir()
     kv_bytes, kv_source = _kv_bytes(args, settings, repo)
     backend = str(settings.get("pdnode_transfer_backend") or "mooncake")
-    # The path the plan chose (pdnode.core.kv_path). The stand-in's bytes cross loopback TCP,
+    # The path the plan chose (pdnode.core.plan.kv_path). The stand-in's bytes cross loopback TCP,
     # paced down to the path's speed: no faster than TCP's, slower on a slower path.
     link = args.link_gb_s if args.link_gb_s is not None else (
         plan.cluster["kv"]["gb_s"] if settings.get("pdnode_engine") == "sglang"
@@ -452,8 +452,8 @@ def _decode_batches(args: argparse.Namespace) -> tuple[int, ...]:
 
 
 def plan_prior(args: argparse.Namespace, mode: str) -> dict[str, Any]:
-    from ..core.load import load_plan
-    from ..core.planner_layouts import MOE_KINDS, enumerate_layouts, instance_entries, judge
+    from ..core.plan.load import load_plan
+    from ..core.planner.layouts import MOE_KINDS, enumerate_layouts, instance_entries, judge
 
     if args.concurrency is not None or args.rate is not None:
         raise PlannerError(f"--{'concurrency' if args.concurrency is not None else 'rate'}: the prior ranks what each "

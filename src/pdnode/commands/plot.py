@@ -15,7 +15,7 @@ from typing import Any
 
 FORMATS = (".png", ".svg")
 INSTALL_HINT = "pip install 'pdnode[plot]' (or: .venv/bin/pip install matplotlib)"
-# How the plan's KV paths (pdnode.core.kv_path) are named in a picture, and their colours.
+# How the plan's KV paths (pdnode.core.plan.kv_path) are named in a picture, and their colours.
 PATH_NAMES = {"nvlink": "NVLink", "rdma": "RDMA", "tcp": "TCP", "nixl": "NIXL"}
 PATH_COLOURS = {"nvlink": "tab:green", "rdma": "tab:blue", "tcp": "tab:red", "nixl": "tab:purple"}
 

@@ -36,11 +36,13 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from ..core import change_cost, monitoring, resources
+from ..core.change import cost as change_cost
+from ..core.plan import monitoring
+from ..core import resources
 from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
-from ..core.inventory import InventoryError, inventory_hosts
-from ..core.load import Unplannable, load_plan
-from ..core.instances import gpus_text
+from ..core.inventory.read import InventoryError, inventory_hosts
+from ..core.plan.load import Unplannable, load_plan
+from ..core.rules.instances import gpus_text
 
 # The units' readiness timeout and watchdog come from the pd_services role: its defaults,
 # or the inventory's values (judged by the plan: values.ROLE_RULES).

@@ -1,4 +1,4 @@
-"""Read the plan a host program was given: pdnode.plan/1 (pdnode.core.plan_schema) as JSON.
+"""Read the plan a host program was given: pdnode.plan/1 (pdnode.core.plan.schema) as JSON.
 
 The on-host readers (the verifier's `--plan`, the bench counters) take the plan the
 controller rendered. A plan of another shape would be misread field by field, so its

@@ -1,6 +1,6 @@
 """The releases this pdnode installs unless the inventory pins others: the one definition.
 
-Every other place reads these: the site variables' defaults (pdnode.core.fields), the
+Every other place reads these: the site variables' defaults (pdnode.core.inventory.fields), the
 launcher's and the stand-in's SGLang version, the Mooncake build choice, the argument
 tables' file names, and the release venv's name in the plan. Role defaults hold none: the
 playbooks pass the plan's values. What cannot import Python (pyproject's toolchain pins,

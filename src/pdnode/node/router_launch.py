@@ -58,7 +58,7 @@ class LaunchError(Exception):
 
 def router_argv(router: dict[str, Any]) -> list[str]:
     """sglang-router arguments (underscored names) -> its command line (smg reads the same;
-    here, with the program that runs it; pdnode.core.plan shows it: `pdnode render --role router-argv`)."""
+    here, with the program that runs it; pdnode.core.plan.build shows it: `pdnode render --role router-argv`)."""
     argv: list[str] = []
     for key, value in router.items():
         flag = "--" + key.replace("_", "-")
@@ -113,7 +113,7 @@ def pick_package(requested: str, installed: list[str]) -> str:
 
 
 def package_version(package: str) -> str:
-    from importlib import metadata  # here, not at the top: pdnode.core.plan imports this module (`pdnode check` stays fast)
+    from importlib import metadata  # here, not at the top: pdnode.core.plan.build imports this module (`pdnode check` stays fast)
 
     try:
         return metadata.version(package)
@@ -157,7 +157,7 @@ def judge(router: Any, package: str, *, api_key: bool = False, admin_key: bool =
     own parser (``parse_router_args``) on the argv this launcher builds, the keys it adds
     as placeholders, then the package's ``_validate_router_args`` and ``Router.from_args``
     (which builds the router from its arguments without running it), as ``launch_router``
-    does before ``start()``. `pdnode check` asks this (pdnode.core.router_judge)."""
+    does before ``start()``. `pdnode check` asks this (pdnode.core.rules.router_judge)."""
     problems = check_router_json(router, package, known_args(package) if isinstance(router, dict) else set())
     if problems:
         return problems

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 
 from .faults import FaultError, parse_faults
 from .rendezvous import DEFAULT_TIMEOUT_S, parse_dist_init_addr
-from ..core.kv_path import (ENV_FALSE, ENV_TRUE, MOONCAKE_FORCED_TCP, MOONCAKE_INTRANODE_NVLINK, MOONCAKE_NO_HCA_TCP, MOONCAKE_NO_RNIC,
+from ..core.plan.kv_path import (ENV_FALSE, ENV_TRUE, MOONCAKE_FORCED_TCP, MOONCAKE_INTRANODE_NVLINK, MOONCAKE_NO_HCA_TCP, MOONCAKE_NO_RNIC,
                              MOONCAKE_RDMA, MOONCAKE_RDMA_INSTALL_FAILED, SPEEDS)
-from ..core.plan import known_server_args
+from ..core.plan.build import known_server_args
 from ..node.secrets import SecretError, read_secret_file
 
 TRANSFER_BACKENDS = ("mooncake", "mooncake_tcp")
@@ -137,7 +137,7 @@ class SimSettings:
 
     def mooncake_line(self, transfer_backend: str) -> str:
         """The line Mooncake's CUDA build logs for the transport it installs in this
-        environment (pdnode.core.kv_path.MOONCAKE_TRANSPORT_LINES): the simulated host's."""
+        environment (pdnode.core.plan.kv_path.MOONCAKE_TRANSPORT_LINES): the simulated host's."""
         if transfer_backend == "mooncake_tcp" or self.kv_transport == "tcp":
             return MOONCAKE_FORCED_TCP
         if self.kv_transport == "nvlink":
@@ -146,7 +146,7 @@ class SimSettings:
 
     def kv_speed_gb_s(self, transfer_backend: str) -> float:
         """The hand-off's simulated speed: the plan's for its path (PDNODE_SIM_KV_GB_S), or
-        the path's own figure (pdnode.core.kv_path) when the stand-in runs without a plan."""
+        the path's own figure (pdnode.core.plan.kv_path) when the stand-in runs without a plan."""
         if self.no_hca and self.kv_path(transfer_backend) == "tcp" and not self.kv_transport:
             return SPEEDS["tcp"][0]  # fell back: TCP's speed, whatever the plan rendered for RDMA
         return self.kv_gb_s or SPEEDS[self.kv_path(transfer_backend)][0]

@@ -15,7 +15,7 @@ from . import metrics as pm
 from ..node.secrets import read_secret_file
 from .config import Instance, Run
 from .http import Deadline, Response, request
-from ..core.thresholds import M_REQS
+from ..core.inventory.thresholds import M_REQS
 
 PASS, WARN, FAIL, SKIP, NA = "PASS", "WARN", "FAIL", "SKIP", "N/A"
 RUNBOOK = "docs/runbooks/verification-failed.md"

@@ -26,7 +26,7 @@ from .checks_metrics import check_metrics
 from .checks_router import check_router
 from .checks_services import check_services
 from .config import Run
-from ..core.thresholds import THRESHOLDS
+from ..core.inventory.thresholds import THRESHOLDS
 
 __all__ = ["FAIL", "NA", "PASS", "SKIP", "WARN", "Check", "CheckResult", "Ctx", "Result", "all_checks", "gate"]
 

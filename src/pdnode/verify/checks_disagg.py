@@ -30,7 +30,7 @@ from . import metrics as pm
 from .base import FAIL, PASS, RUNBOOK, SKIP, WARN, Ctx, Result, make_prompt, num, unit_hint
 from .config import Instance
 from .http import Response, request
-from ..core.thresholds import M_BOOT_FAIL, M_GEN, M_KV_MB, M_PROMPT, M_REQS, M_XFER_FAIL
+from ..core.inventory.thresholds import M_BOOT_FAIL, M_GEN, M_KV_MB, M_PROMPT, M_REQS, M_XFER_FAIL
 
 FAILURES = (("bootstrap", M_BOOT_FAIL), ("transfer", M_XFER_FAIL))
 SETTLE_S = 2.0  # the engines count a request a moment after answering it

@@ -17,7 +17,7 @@ from . import metrics as pm
 from .base import (FAIL, NA, PASS, RUNBOOK, SKIP, Ctx, Result, Snaps, chat_body, fmt, fold_stream, make_prompt,
                    num)
 from .http import stream_sse
-from ..core.thresholds import M_E2E, M_REQS, THRESHOLDS, metrics_needed
+from ..core.inventory.thresholds import M_E2E, M_REQS, THRESHOLDS, metrics_needed
 
 
 def check_burst(ctx: Ctx) -> Result:

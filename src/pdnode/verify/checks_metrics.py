@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from . import metrics as pm
 from .base import FAIL, PASS, RUNBOOK, Ctx, Result
-from ..core.thresholds import REQUIRED_METRICS
+from ..core.inventory.thresholds import REQUIRED_METRICS
 
 
 def check_metrics(ctx: Ctx) -> Result:
@@ -28,7 +28,7 @@ def check_metrics(ctx: Ctx) -> Result:
     if missing:
         return Result(FAIL, "; ".join(missing),
                       "the engine's metric names differ from the ones this verifier (and the dashboards) use: a "
-                      "renamed metric in another SGLang version; update the names in pdnode/core/thresholds.py "
+                      "renamed metric in another SGLang version; update the names in pdnode/core/inventory/thresholds.py "
                       f"and templates/ together, or pin the SGLang version the plan names; {RUNBOOK}#metrics")
     ids = ", ".join(i.id for i in ctx.t.instances)
     return Result(PASS, f"all {present} metrics the checks and thresholds use exist on {ids}")

@@ -2,7 +2,7 @@
 started, against the plan's KV path (docs/field-failures.md row 8: with no usable RDMA
 device Mooncake falls back to TCP without an error, vllm#51518; a MC_* variable set on the
 host outside pdnode does the same to the NVLink path). Read on the node, from the journal
-of each engine unit's current start (pdnode.core.kv_path.MOONCAKE_TRANSPORT_LINES).
+of each engine unit's current start (pdnode.core.plan.kv_path.MOONCAKE_TRANSPORT_LINES).
 A transport other than the plan's FAILs, naming the instance and its line; an engine whose
 journal holds no such line is a WARN (a log rotated away, a Mooncake that logs otherwise):
 nothing to compare is not a failure."""
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import subprocess
 
-from ..core.kv_path import MOONCAKE_PATHS, logged_transport
+from ..core.plan.kv_path import MOONCAKE_PATHS, logged_transport
 from . import services as svc
 from .base import FAIL, NA, PASS, WARN, Ctx, Result
 

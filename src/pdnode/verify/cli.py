@@ -115,8 +115,8 @@ def _cannot_run(args: argparse.Namespace, why: str) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..core.cluster import layout_view
-    from ..core.load import Unplannable, load_plan
+    from ..core.plan.cluster import layout_view
+    from ..core.plan.load import Unplannable, load_plan
 
     try:
         loaded = load_plan(args.inventory, args.host)

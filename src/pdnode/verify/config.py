@@ -12,7 +12,7 @@ from typing import Any
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
-from ..core.thresholds import THRESHOLD_KEYS
+from ..core.inventory.thresholds import THRESHOLD_KEYS
 
 ROUTE_QUERY = "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
 ENGINE_ROLES = ("prefill", "decode")

@@ -1,0 +1,376 @@
+"""pdnode.plan/1: the shape of the plan every consumer reads.
+
+`Plan.as_dict()` is the contract between the controller and everything downstream: the
+roles (through the ``pdnode_plan`` filter), the verifier, collect, the bench counters,
+the upgrade, the runbooks and the monitoring rules. These records say what it holds; the
+JSON Schema in ``data/pdnode.plan-1.schema.json`` is exported from them
+(``python -m pdnode.core.plan.schema --write``; tests/test_plan_schema.py keeps it fresh
+and validates the plan of every example inventory against it with the jsonschema
+package). A change of shape that breaks a reader is a new version, ``pdnode.plan/2``.
+
+Standard-library typing only: the export asks pydantic (a development dependency) to turn
+these records into JSON Schema, so the runtime needs neither.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal, NotRequired, TypedDict
+
+from ..inventory.fields import FIELDS
+
+from ...node.plan_file import SCHEMA_ID  # one definition: the host readers check it
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "data" / "pdnode.plan-1.schema.json"
+
+Role = Literal["prefill", "decode", "router"]
+KvPath = Literal["nvlink", "rdma", "tcp"]
+
+
+class Install(TypedDict):
+    """Where the release lives on the host and what it runs as."""
+    user: str
+    home: str  # the service user's home
+    root: str
+    venv: str  # the engines' release venv
+    python: str
+    router_venv: str  # the router's own venv: a release that keeps the router keeps its process
+    router_python: str
+    config_dir: str
+    prefix: str
+    target: str
+    state_directory: str  # systemd StateDirectory= of every unit
+    applied_dir: str  # digests of what the running services were started with
+    cuda_major: int  # the CUDA major of the driver branch (Mooncake's build follows it)
+    engine: Literal["sglang", "sim"]
+    router_package: Literal["smg", "sglang-router"]
+    router_requirement: str
+    admin_key_path: str
+    api_key_path: str
+    kv_check_tool: str
+
+
+class PairProbe(TypedDict):
+    """The timer on the router's host that sends one request to every prefill-decode pair."""
+    service: str  # the oneshot unit the timer starts
+    timer: str
+    interval_s: int
+    textfile_dir: str  # its StateDirectory=, read by the node exporter's textfile collector
+    spec_file: str
+    spec: dict[str, Any]  # pdnode.node.pair_probe's (engines, api_key_file, timeout_s, out)
+    exec: list[str]
+
+
+class Service(TypedDict):
+    """One systemd service of this host: an engine instance or the router."""
+    id: str
+    name: str
+    role: Role
+    host: str
+    unit: str
+    url: str
+    config: str  # its JSON (ServerArgs or the router's arguments)
+    env_file: str
+    args: dict[str, Any]  # argument names as SGLang / the router package spell them
+    environment: dict[str, str]
+    exec: list[str]  # the argv systemd runs
+    ready: list[str]  # URLs its readiness gate waits for
+    gpus: list[int]
+    upholds: list[str]
+    bound_to: str | None  # the unit this one restarts with (docs/decisions.md)
+    restart_delay_s: int | None
+    bootstrap_port: NotRequired[int]  # prefill only
+    metrics_url: NotRequired[str]  # router only
+    live_args: NotRequired[list[str]]  # router only: args changed through its admin API, not a restart
+    # router only: what its unit runs once it is ready (its worker list made the plan's),
+    # and the spec that reads (pdnode.node.drain's: key file names, never keys)
+    post_start: NotRequired[list[str]]
+    reconcile_spec_file: NotRequired[str]
+    reconcile_spec: NotRequired[dict[str, Any]]
+    # router only, unless pdnode_pair_probe_interval_s is 0: the per-pair probe its host
+    # runs on a timer (pdnode.node.pair_probe)
+    pair_probe: NotRequired[PairProbe]
+
+
+class ClusterEngine(TypedDict):
+    id: str
+    role: Literal["prefill", "decode"]
+    unit: str
+    url: str
+    address: str
+    hosts: list[str]
+    bootstrap_port: NotRequired[int]
+
+
+class ClusterHost(TypedDict):
+    address: str
+    services: list[str]
+
+
+class ClusterRouter(TypedDict):
+    host: str
+    url: str
+
+
+class KvCheck(TypedDict):
+    """One Mooncake transfer check the verifier runs (a distinct GPU pair)."""
+    pair: str
+    src_gpu: int
+    dst_gpu: int
+    args: list[str]
+
+
+class Kv(TypedDict):
+    """How KV moves from prefill to decode, and what it costs (docs/kv-path.md)."""
+    backend: str
+    path: KvPath
+    why: str
+    gb_s: float
+    source: str
+    floor_gb_s: float
+    floor_source: str
+    floor_from_path: bool
+    prompt_tokens: int
+    bytes_per_token: int | None
+    bytes_source: str
+    handoff_s: float | None
+    checks: list[KvCheck]
+
+
+class Cluster(TypedDict):
+    """Every host of the layout and every engine on it; on one host, this host."""
+    multi_host: bool
+    hosts: dict[str, ClusterHost]
+    engines: dict[str, ClusterEngine]
+    router: ClusterRouter
+    kv: Kv
+
+
+class Firewall(TypedDict):
+    enabled: bool
+    peers: list[str]
+    tcp_ports: list[int]
+    tcp_port_ranges: list[list[int]]
+    public_tcp_ports: list[int]
+
+
+class ManagedPath(TypedDict):
+    """A path the deploy's roles write (pdnode.core.plan.managed), as they write it."""
+    path: str
+    kind: Literal["directory", "config", "env", "unit", "drop-in", "record", "secret", "marker"]
+    mode: str  # octal, as the roles give it
+    owner: str
+    group: str
+    role: Literal["sglang", "pd_services"]  # the role that writes it
+    # what a re-run of the deploy restores when it drifted
+    restores: list[Literal["content", "mode", "owner", "group", "presence"]]
+
+
+# The settings are the validated pdnode_* values with defaults filled in: their types are
+# the field table's (pdnode.core.inventory.fields), not a second list.
+_KIND_TYPES: dict[str, Any] = {
+    "int": int, "float": float, "str": str, "bool": bool, "int_list": list[int], "str_list": list[str],
+    "dict": dict[str, Any], "str_or_none": str | None, "int_or_none": int | None, "float_or_none": float | None,
+    "instance_list": list[dict[str, Any]],
+}
+Settings = TypedDict("Settings", {f.name: _KIND_TYPES[f.kind] for f in FIELDS})  # type: ignore[misc]
+
+
+class Owned(TypedDict):
+    """A path with the mode and owners a role gives it."""
+    path: str
+    mode: str
+    owner: str
+    group: str
+
+
+class RoleFile(TypedDict):
+    """A file as the pd_services_files module writes it: its content, or the role's template
+    that renders it (for service ``service``)."""
+    path: str
+    mode: str
+    owner: str
+    group: str
+    kind: Literal["config", "env", "unit", "drop-in"]
+    roles: list[str] | None  # the services that read it (a change restarts them); None: systemd does
+    unit: bool
+    validate: list[str] | None  # argv run on the candidate ("%s"), no shell
+    digest: str | None  # what counts in the restart decision instead of the content
+    content: str | None
+    template: str | None
+    service: str | None
+
+
+class SecretFile(TypedDict):
+    """The API key's file; its content stays a lookup of the role (a no_log option)."""
+    path: str
+    mode: str
+    owner: str
+    group: str
+    roles: list[str]
+    validate: list[str]
+
+
+class ServiceInput(TypedDict):
+    """A file another task installs that services read (a path or a glob)."""
+    path: str
+    roles: list[str]
+
+
+class ServiceView(TypedDict):
+    """What a service's unit, environment file and drop-ins write."""
+    id: str
+    role: Role
+    engine: bool
+    unit: str
+    stem: str  # the unit's name without .service (SyslogIdentifier=, RuntimeDirectory=)
+    env_file: str
+    environment: dict[str, str]
+    exec_start: str  # the ExecStart= value (pdnode.node.unitcheck.exec_line)
+    python: str
+    ready: list[str]
+    post_start: str | None
+    upholds: str
+    bound_to: str | None
+    restart_delay_s: int | None
+
+
+class ProbeView(TypedDict):
+    """What the pair probe's service and timer write."""
+    service: str
+    timer: str
+    stem: str
+    interval_s: int
+    exec_start: str
+    timeout_start_s: int
+    state_directory: str
+
+
+class ReadCommand(TypedDict):
+    """A node_state check (argv, no shell)."""
+    argv: list[str]
+    differs: str
+    stdin: NotRequired[str]
+    json: NotRequired[bool]
+
+
+class DrainSpec(TypedDict):
+    """pdnode.node.drain's spec: key file names, never keys."""
+    router: str
+    admin_key_file: str
+    api_key_file: str | None
+    timeout_s: int | float
+    workers: list[dict[str, Any]]
+
+
+class OrphanRule(TypedDict):
+    """How pd_services_files names the units the plan no longer has."""
+    unit_dir: str
+    prefix: str
+    config_dir: str
+    applied_dir: str
+    own_pattern: str  # every unit file the role may have written (a regular expression)
+    engine_pattern: str  # its engine units
+    keep: list[str]  # the plan's units
+
+
+class RestartRule(TypedDict):
+    """What pd_services_files's restart answer is computed from."""
+    engines: list[str]  # in start order
+    prefills: list[str]
+    bound: list[str]  # decodes bound to the node's one prefill
+    router: bool
+
+
+class PdServicesView(TypedDict):
+    """What the pd_services role reads (pdnode.core.plan.roles.pd_services)."""
+    user: str
+    home: str
+    config_dir: str
+    applied_dir: str
+    python: str
+    venv: str
+    target: str
+    state_directory: str
+    served_name: str
+    ids: list[str]  # services in start order
+    engine_ids: list[str]
+    units: list[str]
+    engine_units: list[str]
+    router: bool  # the router runs on this host
+    router_unit: str | None
+    probe_units: list[str]
+    timers: list[str]
+    probe: ProbeView | None
+    enable: list[str]  # enabled and kept running: the services, the probe's timer, the target
+    start_after_workers: list[str]
+    read_units: list[dict[str, str]]
+    bound_ids: list[str]
+    directories: list[Owned]
+    admin_key: Owned | None
+    admin_key_files: list[Owned]
+    secret_files: list[SecretFile]
+    inputs: list[ServiceInput]
+    files: list[RoleFile]
+    services: dict[str, ServiceView]
+    ports_argv: list[str]
+    reconcile_spec: str | None
+    read_commands: dict[str, ReadCommand]
+    router_host: str
+    drain: dict[str, DrainSpec]  # per engine id: it, and the decodes bound to it
+    drain_unplanned: DrainSpec
+    orphans: OrphanRule
+    restart: RestartRule
+
+
+class RoleViews(TypedDict):
+    """Each role's view of the plan (pdnode.core.plan.roles): what it reads, computed."""
+    pd_services: PdServicesView
+
+
+class PlanDoc(TypedDict):
+    """One host's plan, as every consumer reads it."""
+    schema: Literal["pdnode.plan/1"]
+    host: str
+    install: Install
+    services: dict[str, Service]  # this host's services, in start order
+    router_argv: list[str]
+    ports: dict[str, int]  # "<service>.<what>" -> port
+    settings: Settings
+    cluster: Cluster
+    firewall: Firewall
+    warnings: list[str]
+    managed: list[ManagedPath]  # every path the deploy's roles write (pdnode.core.plan.managed)
+    roles: RoleViews  # what each role reads (pdnode.core.plan.roles)
+
+
+def export() -> dict[str, Any]:
+    """The JSON Schema of PlanDoc. Every record is closed (additionalProperties false): a
+    key added to the plan without a type here fails the schema test."""
+    from pydantic import TypeAdapter  # development dependency: only the export needs it
+
+    schema = TypeAdapter(PlanDoc).json_schema()
+    for record in schema.get("$defs", {}).values():
+        if "properties" in record:
+            record["additionalProperties"] = False
+    schema["additionalProperties"] = False
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID, **schema}
+
+
+def render() -> str:
+    return json.dumps(export(), indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--write"]:
+        SCHEMA_FILE.write_text(render())
+        print(f"wrote {SCHEMA_FILE.name}")
+        return 0
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
