@@ -10,7 +10,8 @@ def test_the_roles_hold_no_more_jinja_than_their_ceiling():
     got = counts()
     over = {name: (got[name], most) for name, most in CEILING.items() if got[name] > most}
     assert not over, f"more Jinja than the ceiling (count, ceiling): {over}; move the logic into the plan"
-    assert all(GOAL[name] <= CEILING[name] for name in GOAL)
+    # a goal once met stays met: the ceiling is never set above it again
+    assert all(CEILING[name] <= GOAL[name] for name in GOAL if got[name] <= GOAL[name])
 
 
 def test_the_count_sees_every_expression_and_statement(tmp_path):

@@ -9,6 +9,7 @@ test_managed_paths) and by the molecule scenarios."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from pathlib import Path
@@ -67,6 +68,10 @@ def test_every_file_kind_with_the_managed_mode_and_owners():
         assert (f["mode"], f["owner"], f["group"]) == tuple(managed[f["path"]][k] for k in ("mode", "owner", "group"))
         assert (f["content"] is None) != (f["template"] is None), f["path"]
         assert f["unit"] == (f["kind"] in ("unit", "drop-in"))
+        # every file a person opens says who manages it; the JSON files cannot carry a comment
+        assert f["header"] == (f["kind"] != "config"), f["path"]
+    # the one template: the services' units (they take the role's own settings)
+    assert {f["template"] for f in view["files"]} == {None, "service.j2", "pair_probe.service.j2"}
     # every managed file but the keys and records is written by the module (the directories
     # by account.yml, the records by the module's own digests, the admin key on the host)
     listed = {f["path"] for f in view["files"]}
@@ -121,14 +126,18 @@ def test_a_router_on_another_host():
             assert "reconcile" not in view["read_commands"] and view["reconcile_spec"] is None
             assert view["probe"] is None and view["timers"] == []
             assert not any(i["roles"] == ["router"] for i in view["inputs"])
-            assert view["start_after_workers"] == [view["target"]]
+            assert view["start"]["after"] == [view["target"]] and view["start"]["others"] == []
+            assert view["admin_key_argv"] is None
         else:
             assert view["router"] and view["admin_key_files"] == [view["admin_key"]]
             assert view["read_commands"]["reconcile"]["json"] is True
+            assert view["admin_key_argv"][2:] == [view["admin_key"][k] for k in ("path", "owner", "group", "mode")]
 
 
 def test_the_pair_probe_off():
     on, off = _view(), _view({"pdnode_pair_probe_interval_s": 0})
+    assert on["start"]["after"] == [on["router_unit"], on["probe"]["timer"], on["target"]]
+    assert off["start"]["after"] == [off["router_unit"], off["target"]]
     assert on["probe"] and on["timers"] == [on["probe"]["timer"]]
     assert off["probe"] is None and off["timers"] == [] and off["probe_units"] == []
     assert off["enable"] == off["units"] + [off["target"]]
@@ -141,8 +150,49 @@ def test_the_node_s_one_prefill_drains_with_its_bound_decodes():
     assert view["bound_ids"] == ["decode-0", "decode-1"]
     assert [w["id"] for w in view["drain"]["prefill-0"]["workers"]] == ["prefill-0", "decode-0", "decode-1"]
     assert [w["id"] for w in view["drain"]["decode-1"]["workers"]] == ["decode-1"]
+    assert view["start"]["hold"] == [] and view["services"]["prefill-0"]["hold"] is None
     several = _view(inventory="gpu01-2p1d")
     assert several["bound_ids"] == [] and [w["id"] for w in several["drain"]["prefill-0"]["workers"]] == ["prefill-0"]
+    # one of several prefills waits until every decode dropped it, before a start and a restart
+    hold = several["services"]["prefill-1"]["hold"]
+    assert hold[-3:] == ["hold", "sglang-pd-prefill-1.service", str(several["services"]["prefill-1"]["restart_delay_s"])]
+    assert {"unit": "sglang-pd-prefill-1.service", "argv": hold} in several["start"]["hold"]
+
+
+# --- the texts the plan gives (byte for byte what the role's templates wrote) -------------
+
+def test_the_environment_file_is_sorted_as_jinjas_dictsort():
+    from pdnode.core.plan.roles.pd_services import environment_text
+    assert environment_text({"b": "2", "A": "1", "MC_X": "x y"}) == "A=1\nb=2\nMC_X=x y\n"
+    assert environment_text({}) == ""
+
+
+@pytest.mark.parametrize("svc, lines", [
+    ({"upholds": ["u-d0.service", "u-d1.service"], "restart_delay_s": None, "bound_to": None},
+     ["[Unit]", "Upholds=u-d0.service u-d1.service"]),
+    ({"upholds": [], "restart_delay_s": 11, "bound_to": None}, ["[Unit]", "[Service]", "RestartSec=11"]),
+    ({"upholds": [], "restart_delay_s": None, "bound_to": "u-p0.service"},
+     ["[Unit]", "BindsTo=u-p0.service", "PartOf=u-p0.service", "After=u-p0.service"]),
+])
+def test_the_coupling_drop_in(svc, lines):
+    from pdnode.core.plan.roles.pd_services import coupling_text
+    text = coupling_text(svc)
+    assert [line for line in text.splitlines() if not line.startswith("#")] == lines and text.endswith("\n")
+
+
+def test_the_router_waits_for_the_workers_on_its_host_only():
+    from pdnode.core.plan.roles.pd_services import workers_text
+    assert "Wants=a.service b.service\nAfter=a.service b.service\n" in workers_text(["a.service", "b.service"])
+    assert "[Unit]" not in workers_text([])
+
+
+def test_the_target_and_the_probe_timer():
+    from pdnode.core.plan.roles.pd_services import target_text, timer_text
+    target = target_text(["a.service", "b.service"], "m")
+    assert "Description=SGLang prefill/decode node (m)" in target and target.endswith("WantedBy=multi-user.target")
+    assert "Wants=a.service b.service\nAfter=a.service b.service\n" in target
+    timer = timer_text({"interval_s": 45, "service": "p.service"}, "t.target")
+    assert "OnUnitInactiveSec=45\n" in timer and "Unit=p.service\n" in timer and timer.endswith("WantedBy=t.target")
 
 
 # --- pd_services_files: the units the plan no longer has ------------------------------------
@@ -266,3 +316,22 @@ def test_a_unit_neither_enabled_nor_active_is_named_under_both_kinds():
                                      {"name": "b.timer", "enabled": True, "active": True}], states)
     assert [(k, n) for k, n, _ in found] == [("not_enabled", "a.service"), ("not_active", "a.service")]
     assert all(re.match(r"^unit a[.]service: ", line) for _, _, line in found)
+
+
+# --- the deploy's key file, on the controller (the role's assert) -----------------------------
+
+def test_the_deploys_key_file_is_readable_and_not_empty(tmp_path):
+    from pdnode.core.rules.guards import deploy_key_file_problem
+    key = tmp_path / "key"
+    assert "which is missing on the controller" in deploy_key_file_problem(str(key))
+    assert "which is not a regular file" in deploy_key_file_problem(str(tmp_path))
+    key.write_text("")
+    assert "which is empty" in deploy_key_file_problem(str(key))
+    key.write_text("k" * 32 + "\n")
+    assert deploy_key_file_problem(str(key)) == ""
+    if os.geteuid() != 0:  # root reads every file
+        key.chmod(0)
+        assert "not readable by" in deploy_key_file_problem(str(key))
+    line = deploy_key_file_problem(str(tmp_path / "absent"))
+    assert line.startswith(f'pdnode_api_key_file (pd_services_api_key_file) is "{tmp_path}/absent"')
+    assert "\n" not in line and 'fix: write the key into that file' in line

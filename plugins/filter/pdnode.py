@@ -10,13 +10,13 @@ from ansible.errors import AnsibleFilterError
 
 try:
     from pdnode.node import unitcheck
-    from pdnode.core.rules import values
+    from pdnode.core.rules import guards, values
     from pdnode.core.plan.cluster import layout_view
     from pdnode.core.plan.build import PlanError, build_plan
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from pdnode.node import unitcheck
-    from pdnode.core.rules import values
+    from pdnode.core.rules import guards, values
     from pdnode.core.plan.cluster import layout_view
     from pdnode.core.plan.build import PlanError, build_plan
 
@@ -74,6 +74,12 @@ def pdnode_exec_line(argv, prefix: str = "") -> str:
         raise AnsibleFilterError(f"pdnode_exec_line: {exc}") from None
 
 
+def pdnode_key_file_problem(path: str) -> str:
+    """'' when the controller's key file PATH is a readable, non-empty file, else one line
+    naming it and the fix (pdnode.core.rules.guards.deploy_key_file_problem)."""
+    return guards.deploy_key_file_problem(str(path))
+
+
 def pdnode_role_value_problem(value, name: str) -> str:
     """'' when the role variable NAME may hold VALUE, else one line: "NAME must ... (got
     VALUE); fix: ..." (pdnode.core.rules.values.ROLE_RULES: the rules `pdnode check` applies too)."""
@@ -83,4 +89,5 @@ def pdnode_role_value_problem(value, name: str) -> str:
 class FilterModule:
     def filters(self):
         return {"pdnode_plan": pdnode_plan, "pdnode_layout_view": pdnode_layout_view,
-                "pdnode_exec_line": pdnode_exec_line, "pdnode_role_value_problem": pdnode_role_value_problem}
+                "pdnode_exec_line": pdnode_exec_line, "pdnode_role_value_problem": pdnode_role_value_problem,
+                "pdnode_key_file_problem": pdnode_key_file_problem}

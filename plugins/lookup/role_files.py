@@ -19,9 +19,10 @@ description:
     C(_pdnode_plan.roles.pd_services.files)). An entry with C(template) gets its content
     rendered from that template of the calling role, with the task's variables and C(svc)
     (the entry's C(service) looked up in O(services)); an entry with C(content) keeps it.
+    Either comes after the ansible_managed comment when the entry has C(header) true.
   - What comes back is the entry as the pd_services_files module takes it (path, content,
-    mode, owner, group, roles, unit, validate, digest); C(kind), C(template) and
-    C(service) are dropped, and so are keys whose value is null.
+    mode, owner, group, roles, unit, validate, digest); C(kind), C(template), C(service)
+    and C(header) are dropped, and so are keys whose value is null.
   - Rendered as the template lookup renders (ansible_managed included), in the controller's
     process. The plan decides which files exist and who reads them; the templates only
     write their text.
@@ -47,6 +48,8 @@ _raw:
   elements: dict
 """
 
+# The header of a file whose text the plan gives (header: true), as the role's templates open
+HEADER = "{{ ansible_managed | comment }}\n"
 MODULE_KEYS = ("path", "content", "mode", "owner", "group", "roles", "unit", "validate", "digest")
 
 
@@ -71,6 +74,9 @@ class LookupModule(LookupBase):
                                                {"svc": services.get(service), "probe": probe})
             elif item.get("content") is None:
                 raise AnsibleLookupError(f"role_files: {item['path']} has neither content nor template")
+            if item.get("header"):
+                # the ansible_managed comment every file a person may open starts with
+                item["content"] = self._text(HEADER, "ansible_managed", scope, {}) + item["content"]
             # null and false (the module's defaults) are left out
             out.append({key: item[key] for key in MODULE_KEYS if item.get(key) not in (None, False)})
         return out
@@ -83,11 +89,15 @@ class LookupModule(LookupBase):
         # A template's final newline is dropped, as Jinja drops it from an included template:
         # the files stay byte for byte what the role wrote when it rendered them by include
         # (a changed unit would restart its service on the next deploy).
-        data = trust_as_template(text[:-1] if text.endswith("\n") else text)
+        return self._text(text[:-1] if text.endswith("\n") else text, name, scope, extra, path)
+
+    def _text(self, text: str, name: str, scope: dict, extra: dict, path: str | None = None) -> str:
         found = scope.get("ansible_search_path", [])
-        searchpath = [os.path.dirname(path)] + [p for base in found for p in (os.path.join(base, "templates"), base)]
+        searchpath = ([os.path.dirname(path)] if path else []) + [
+            p for base in found for p in (os.path.join(base, "templates"), base)]
+        # (the header of a text the plan gives names this plugin as its source)
         added = _template_vars.generate_ansible_template_vars(
-            path=name, fullpath=path, include_ansible_managed="ansible_managed" not in scope)
+            path=name, fullpath=path or __file__, include_ansible_managed="ansible_managed" not in scope)
         templar = self._templar.copy_with_new_env(available_variables={**scope, **added, **extra}, searchpath=searchpath)
         # the template lookup's own call: no top-level finalization of the text
-        return templar._engine.template(data, options=TemplateOptions(escape_backslashes=False))
+        return templar._engine.template(trust_as_template(text), options=TemplateOptions(escape_backslashes=False))

@@ -200,6 +200,7 @@ class RoleFile(TypedDict):
     content: str | None
     template: str | None
     service: str | None
+    header: bool  # content given: the ansible_managed comment goes before it (role_files)
 
 
 class SecretFile(TypedDict):
@@ -226,14 +227,12 @@ class ServiceView(TypedDict):
     unit: str
     stem: str  # the unit's name without .service (SyslogIdentifier=, RuntimeDirectory=)
     env_file: str
-    environment: dict[str, str]
     exec_start: str  # the ExecStart= value (pdnode.node.unitcheck.exec_line)
     python: str
     ready: list[str]
     post_start: str | None
-    upholds: str
-    bound_to: str | None
     restart_delay_s: int | None
+    hold: list[str] | None  # one of several prefills: the wait before it starts again
 
 
 class ProbeView(TypedDict):
@@ -245,6 +244,32 @@ class ProbeView(TypedDict):
     exec_start: str
     timeout_start_s: int
     state_directory: str
+
+
+class AccountUser(TypedDict):
+    name: str
+    group: str
+    home: str
+    shell: str
+
+
+class Account(TypedDict):
+    """The service account, as node_state reads it."""
+    groups: list[str]
+    users: list[AccountUser]
+
+
+class HoldSpec(TypedDict):
+    unit: str
+    argv: list[str]
+
+
+class StartSpec(TypedDict):
+    """What pd_services_start starts: the workers, then the rest."""
+    workers: list[str]
+    others: list[str]
+    after: list[str]
+    hold: list[HoldSpec]
 
 
 class ReadCommand(TypedDict):
@@ -304,12 +329,14 @@ class PdServicesView(TypedDict):
     timers: list[str]
     probe: ProbeView | None
     enable: list[str]  # enabled and kept running: the services, the probe's timer, the target
-    start_after_workers: list[str]
+    start: StartSpec
     read_units: list[dict[str, str]]
     bound_ids: list[str]
     directories: list[Owned]
     admin_key: Owned | None
     admin_key_files: list[Owned]
+    admin_key_argv: list[str] | None
+    account: Account
     secret_files: list[SecretFile]
     inputs: list[ServiceInput]
     files: list[RoleFile]

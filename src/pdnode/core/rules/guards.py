@@ -51,6 +51,26 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _LOCAL_SCHEMES = ("ipc://", "inproc://", "unix://", "unix:")
 
 
+def deploy_key_file_problem(path: str) -> str:
+    """'' when PATH (the controller's pdnode_api_key_file, as the deploy resolved it) is a
+    readable, non-empty file, else one line naming it and the fix. The deploy asks before it
+    writes anything (roles/pd_services/tasks/configure.yml): units that require a key that
+    never arrives would fail every start. What the key holds is check_api_key_file's rule."""
+    if not os.path.exists(path):
+        what = "missing"
+    elif not os.path.isfile(path):
+        what = "not a regular file"
+    elif not os.access(path, os.R_OK):
+        what = f"not readable by {os.environ.get('USER', 'this user')}"
+    elif os.path.getsize(path) == 0:
+        what = "empty"
+    else:
+        return ""
+    return (f"pdnode_api_key_file (pd_services_api_key_file) is {json.dumps(path)}, which is {what} on the "
+            'controller; fix: write the key into that file (one line, mode 0600) or set pdnode_api_key_file to "" '
+            "for no key")
+
+
 def _host_of(endpoint: str) -> str:
     rest = _SCHEME.sub("", endpoint.strip())
     rest = rest.split("/", 1)[0].rpartition("@")[2]

@@ -40,14 +40,80 @@ def _unit_path(unit: str) -> str:
 
 def _file(managed: dict[str, dict[str, Any]], path: str, kind: str, *, readers: list[str] | None = None,
           content: str | None = None, template: str | None = None, service: str | None = None,
-          unit: bool = False, validate: list[str] | None = None, digest: str | None = None) -> dict[str, Any]:
+          unit: bool = False, validate: list[str] | None = None, digest: str | None = None,
+          header: bool = False) -> dict[str, Any]:
     """One file as pd_services_files takes it (content, or the role's template that renders
     it), with the mode and owners of the plan's managed paths: a path it does not list is a
     defect of this module, not of the inventory."""
     if path not in managed:
         raise KeyError(f"{path} is not among the plan's managed paths (pdnode.core.plan.managed)")
     return {**_owned(managed[path]), "kind": kind, "roles": readers, "unit": unit, "validate": validate,
-            "digest": digest, "content": content, "template": template, "service": service}
+            "digest": digest, "content": content, "template": template, "service": service, "header": header}
+
+
+def environment_text(environment: dict[str, str]) -> str:
+    """An engine's environment file: KEY=value lines, sorted by name as Jinja's dictsort
+    sorts (case-insensitive). The values were held to environment-file rules by the plan."""
+    return "".join(f"{key}={value}\n" for key, value in sorted(environment.items(), key=lambda kv: kv[0].lower()))
+
+
+def workers_text(engine_units: list[str]) -> str:
+    """The router's drop-in 10-workers.conf: its ordering after the engine units on its host.
+    A drop-in of its own so that a layout change (new workers) needs a reload, not a restart."""
+    if not engine_units:
+        return "# Its workers run on the layout's other hosts: its readiness gate waits for them.\n"
+    units = " ".join(engine_units)
+    return ("[Unit]\n# The router registers workers once they answer; start it after them.\n"
+            f"Wants={units}\nAfter={units}\n")
+
+
+def coupling_text(svc: dict[str, Any]) -> str:
+    """An engine's drop-in 10-coupling.conf: which engine units go down and up together
+    (docs/decisions.md, "Restart coupling"). A drop-in of its own so that re-coupling needs
+    a reload, not a restart."""
+    lines = ["[Unit]"]
+    if svc["upholds"]:
+        lines += ["# Whenever this (the node's one) prefill is up, its decodes are kept up too (they are",
+                  "# stopped with it: their BindsTo=).",
+                  f"Upholds={' '.join(svc['upholds'])}"]
+    if svc["restart_delay_s"]:
+        lines += ["[Service]",
+                  "# One of several prefills: after a crash it stays down until every decode's heartbeats",
+                  "# have dropped it, so that it comes back to decodes that handshake anew (a decode still",
+                  "# holding its old ranks fails every hand-off with it). The deploy's planned restarts",
+                  "# wait as long (tasks/restart_engine.yml).",
+                  f"RestartSec={svc['restart_delay_s']}"]
+    if svc["bound_to"]:
+        lines += ["# With one prefill, decode goes down with it (a restart, a stop or a crash) and comes",
+                  "# back after it: a decode holding a dead prefill's bootstrap and transfer state strands",
+                  "# requests, and the node cannot serve without its prefill anyway. With several",
+                  "# prefills no decode is bound to one.",
+                  f"BindsTo={svc['bound_to']}", f"PartOf={svc['bound_to']}", f"After={svc['bound_to']}"]
+    return "\n".join(lines) + "\n"
+
+
+def target_text(units: list[str], served_name: str) -> str:
+    """The node's target: every service of this host, wanted and ordered."""
+    joined = " ".join(units)
+    return ("[Unit]\n"
+            f"Description=SGLang prefill/decode node ({served_name})\n"
+            "# Wants=, not Requires=: a restart of one service must not restart the target and, via\n"
+            "# the services' PartOf=, every other service. Starting the target therefore succeeds\n"
+            "# even when a service fails; the deploy starts the units themselves and checks each\n"
+            "# (docs/decisions.md).\n"
+            f"Wants={joined}\nAfter={joined}\n\n[Install]\nWantedBy=multi-user.target")
+
+
+def timer_text(probe: dict[str, Any], target: str) -> str:
+    """The pair probe's timer: its first run a minute after the node came up, then
+    interval_s after each run ended, so that runs never overlap."""
+    every = probe["interval_s"]
+    return ("[Unit]\n"
+            f"Description=SGLang PD per-pair probe every {every} s\nPartOf={target}\n\n[Timer]\n"
+            f"# The first run once the node has had a minute to come up, then {every} s after\n"
+            "# each run ended: runs never overlap, however long a hanging pair makes one.\n"
+            f"OnActiveSec=60\nOnUnitInactiveSec={every}\nAccuracySec=1\nUnit={probe['service']}\n\n"
+            f"[Install]\nWantedBy={target}")
 
 
 def _unit_check(python: str, unit: str) -> list[str]:
@@ -73,17 +139,18 @@ def files(plan: dict[str, Any], managed: dict[str, dict[str, Any]]) -> list[dict
         judge = [python, "-m", "pdnode.node.launcher", "--check", "%s"] \
             if svc["role"] != "router" and install["engine"] == "sglang" else None
         out += [_file(managed, svc["config"], "config", readers=[sid], content=args, validate=judge, digest=digest),
-                _file(managed, svc["env_file"], "env", readers=[sid], template="environment.j2", service=sid),
+                _file(managed, svc["env_file"], "env", readers=[sid], content=environment_text(svc["environment"]),
+                      header=True),
                 _file(managed, _unit_path(svc["unit"]), "unit", readers=[sid], template="service.j2", service=sid,
-                      unit=True, validate=_unit_check(python, svc["unit"]))]
+                      header=True, unit=True, validate=_unit_check(python, svc["unit"]))]
         dropin = _unit_path(svc["unit"]) + ".d/"
         # Read by systemd, not by the service: a change reloads, it restarts nothing.
         if dropin + "10-workers.conf" in managed:
-            out.append(_file(managed, dropin + "10-workers.conf", "drop-in", template="router_workers.j2",
-                             service=sid, unit=True))
+            out.append(_file(managed, dropin + "10-workers.conf", "drop-in", unit=True, header=True,
+                             content=workers_text([services[e]["unit"] for e in services if e != "router"])))
         if dropin + "10-coupling.conf" in managed:
-            out.append(_file(managed, dropin + "10-coupling.conf", "drop-in", template="coupling.j2",
-                             service=sid, unit=True))
+            out.append(_file(managed, dropin + "10-coupling.conf", "drop-in", unit=True, header=True,
+                             content=coupling_text(svc)))
     router = services.get("router")
     if router:
         # Read by the router unit's reconcile when the router starts, not by the router: no restart.
@@ -94,10 +161,12 @@ def files(plan: dict[str, Any], managed: dict[str, dict[str, Any]]) -> list[dict
             # The per-pair probe reads its spec at each run: a change restarts nothing.
             out += [_file(managed, probe["spec_file"], "config", readers=[], content=nice_json(probe["spec"]) + "\n"),
                     _file(managed, _unit_path(probe["service"]), "unit", template="pair_probe.service.j2",
-                          service="router", unit=True, validate=_unit_check(python, probe["service"])),
-                    _file(managed, _unit_path(probe["timer"]), "unit", template="pair_probe.timer.j2",
-                          service="router", unit=True, validate=_unit_check(python, probe["timer"]))]
-    out.append(_file(managed, _unit_path(install["target"]), "unit", template="target.j2", unit=True,
+                          service="router", header=True, unit=True, validate=_unit_check(python, probe["service"])),
+                    _file(managed, _unit_path(probe["timer"]), "unit", content=timer_text(probe, install["target"]),
+                          header=True, unit=True, validate=_unit_check(python, probe["timer"]))]
+    served = plan["settings"]["pdnode_model_served_name"]
+    out.append(_file(managed, _unit_path(install["target"]), "unit", header=True, unit=True,
+                     content=target_text([svc["unit"] for svc in services.values()], served),
                      validate=_unit_check(python, install["target"])))
     return out
 
@@ -157,14 +226,27 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
         "probe": _probe(probe) if probe else None,
         # enabled and kept running, in start order: the services, the probe's timer, the target
         "enable": units + timers + [install["target"]],
-        # started once the workers run: the router (where the layout runs it), the timers, the target
-        "start_after_workers": units[len(engine_ids):] + timers + [install["target"]],
+        # What pd_services_start starts, the workers first: then the router (where the layout
+        # runs it), the probe's timer and the target; one of several prefills that does not
+        # run waits until every decode has dropped it (restart_delay_s) before its start.
+        "start": {"workers": [services[sid]["unit"] for sid in engine_ids],
+                  "others": [router["unit"]] if router else [],
+                  "after": units[len(engine_ids):] + timers + [install["target"]],
+                  "hold": [{"unit": services[sid]["unit"], "argv": _hold(install["python"], services[sid])}
+                           for sid in engine_ids if services[sid]["restart_delay_s"]]},
         "read_units": [{"name": unit} for unit in units + timers + [install["target"]]],
         "bound_ids": bound,
         "directories": [_owned(m) for m in managed.values() if m["kind"] == "directory"],
         "admin_key": admin_key, "admin_key_files": [admin_key] if admin_key else [],
+        # roles/pd_services/files/admin_key.py's arguments (its source comes on stdin)
+        "admin_key_argv": [f"{install['venv']}/bin/python", "-", admin_key["path"], admin_key["owner"],
+                           admin_key["group"], admin_key["mode"]] if admin_key else None,
+        # the service account, as node_state reads it
+        "account": {"groups": [install["user"]],
+                    "users": [{"name": install["user"], "group": install["user"], "home": install["home"],
+                               "shell": "/usr/sbin/nologin"}]},
         "secret_files": secret_files, "inputs": inputs, "files": files(plan, managed),
-        "services": {sid: _service(svc) for sid, svc in services.items()},
+        "services": {sid: _service(svc, install["python"]) for sid, svc in services.items()},
         # The ports of the plan another process holds (the preflight's judgement); our own
         # units may hold theirs (a re-deploy), the pair probe's among them.
         "ports_argv": ports_argv,
@@ -199,20 +281,26 @@ def _read_commands(python: str, ports_argv: list[str], router: dict[str, Any] | 
     return out
 
 
+def _hold(python: str, svc: dict[str, Any]) -> list[str]:
+    """The wait before one of several prefills starts again: until every decode's heartbeats
+    have dropped it (pdnode.node.drain hold, counted from the stop systemd recorded)."""
+    return [python, "-m", "pdnode.node.drain", "hold", svc["unit"], str(svc["restart_delay_s"])]
+
+
 def _line(argv: list[str]) -> str:
     """An argv as the value of a unit's Exec*= line (pdnode.node.unitcheck.exec_line: every
     argument quoted and escaped, one per continued line)."""
     return exec_line(list(argv), "", sep=" \\\n    ")
 
 
-def _service(svc: dict[str, Any]) -> dict[str, Any]:
+def _service(svc: dict[str, Any], python: str) -> dict[str, Any]:
     """What a service's unit, environment file and drop-ins write (templates/)."""
     return {"id": svc["id"], "role": svc["role"], "engine": svc["role"] != "router", "unit": svc["unit"],
             "stem": svc["unit"].removesuffix(".service"), "env_file": svc["env_file"],
-            "environment": svc["environment"], "exec_start": _line(svc["exec"]), "python": svc["exec"][0],
-            "ready": svc["ready"], "post_start": _line(svc["post_start"]) if svc.get("post_start") else None,
-            "upholds": " ".join(svc["upholds"]), "bound_to": svc["bound_to"],
-            "restart_delay_s": svc["restart_delay_s"]}
+            "exec_start": _line(svc["exec"]), "python": svc["exec"][0], "ready": svc["ready"],
+            "post_start": _line(svc["post_start"]) if svc.get("post_start") else None,
+            "restart_delay_s": svc["restart_delay_s"],
+            "hold": _hold(python, svc) if svc["restart_delay_s"] else None}
 
 
 def _probe(probe: dict[str, Any]) -> dict[str, Any]:
