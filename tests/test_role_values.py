@@ -25,8 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted(ROOT.glob("roles/*/meta/argument_specs.yml"))
 # Free-form options that need no pattern of their own, and why.
 EXEMPT = {
-    "firewall_plan": "plan.firewall from the pdnode_plan filter; roles/firewall/tasks/validate.yml asserts its shape",
-    "firewall_prefix": "plan.install.prefix; roles/firewall/tasks/validate.yml asserts the prefix pattern",
+    "firewall_view": "plan.roles.firewall from the pdnode_plan filter (pdnode check validated every value)",
     "monitoring_plan": "the plan from the pdnode_plan filter (pdnode check validated every value)",
     "pd_services_plan": "the plan from the pdnode_plan filter (pdnode check validated every value)",
     **{f"preflight_{n}": "the preflight changes nothing on the host: its values are compared with facts, stat'ed, "
