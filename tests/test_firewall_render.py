@@ -225,12 +225,17 @@ def test_the_view_names_everything_after_the_prefix():
         "delete_argv": ["/usr/sbin/nft", "delete", "table", "inet", "pd_a_pdnode"]}
 
 
-def test_the_view_lists_each_port_once_sorted_and_the_ranges_in_order():
-    rules = firewall.rules(plan(tcp_ports=[30001, 30000, 30001], public_tcp_ports=[8000, 30001, 8000],
-                                tcp_port_ranges=[[32768, 60999], [5000, 5000], [15000, 17000]]))
-    assert rules["tcp_ports"] == [30000, 30001]
-    assert rules["public_tcp_ports"] == [8000, 30001]
-    assert rules["tcp_port_ranges"] == ["5000", "15000-17000", "32768-60999"]
+def test_the_port_rules_accept_the_public_ports_first_then_drop_each_port_once_and_the_ranges():
+    rules = firewall.port_rules(plan(tcp_ports=[30001, 30000, 30001], public_tcp_ports=[8000, 30001, 8000],
+                                     tcp_port_ranges=[[32768, 60999], [5000, 5000], [15000, 17000]]))
+    assert rules == ["tcp dport { 8000, 30001 } accept", "tcp dport { 30000, 30001 } counter drop",
+                     "tcp dport 5000 counter drop", "tcp dport 15000-17000 counter drop",
+                     "tcp dport 32768-60999 counter drop"]
+    assert firewall.port_rules(plan(tcp_ports=[], public_tcp_ports=[], tcp_port_ranges=[])) == []
+    assert firewall.port_rules(plan(public_tcp_ports=[])) == ["tcp dport { 30000, 30001 } counter drop",
+                                                              "tcp dport 5000 counter drop",
+                                                              "tcp dport 15000-17000 counter drop",
+                                                              "tcp dport 32768-60999 counter drop"]
     assert firewall.rules(plan(enabled=False))["enabled"] is False
 
 

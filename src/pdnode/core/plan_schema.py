@@ -198,9 +198,7 @@ class FirewallView(TypedDict):
     enabled: bool
     peers_v4: list[str]
     peers_v6: list[str]
-    public_tcp_ports: list[int]
-    tcp_ports: list[int]
-    tcp_port_ranges: list[str]  # "low-high", or "port" for a one-port range
+    port_rules: list[str]  # the input chain's port rules, in order, as nft reads them
 
 
 class RoleViews(TypedDict):

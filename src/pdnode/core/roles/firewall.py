@@ -54,19 +54,32 @@ def names(prefix: str) -> dict[str, Any]:
     }
 
 
+def port_rules(firewall: dict[str, Any]) -> list[str]:
+    """The input chain's port rules after the peers' accepts, in order: the public ports
+    (the router's: accepted before the drops, so a port both public and guarded stays
+    open), then the guarded ports, then each guarded range (sorted; a one-port range is a
+    port). Each list once and sorted; an empty list writes no rule (nft refuses "{ }")."""
+    public = sorted({int(p) for p in firewall.get("public_tcp_ports", [])})
+    guarded = sorted({int(p) for p in firewall.get("tcp_ports", [])})
+    out = []
+    if public:
+        out.append(f"tcp dport {{ {', '.join(map(str, public))} }} accept")
+    if guarded:
+        out.append(f"tcp dport {{ {', '.join(map(str, guarded))} }} counter drop")
+    out += [f"tcp dport {port_range(int(lo), int(hi))} counter drop"
+            for lo, hi in sorted(firewall.get("tcp_port_ranges", []))]
+    return out
+
+
 def rules(firewall: dict[str, Any]) -> dict[str, Any]:
-    """plan.firewall -> what the rules file writes: the peers by IP version, the public
-    ports (accepted before the drops), the guarded ports, the guarded ranges (sorted;
-    a one-port range is a port), each list once and sorted."""
+    """plan.firewall -> what the rules file writes: whether the table exists, the peers by
+    IP version, the port rules."""
     peers = firewall.get("peers", [])
     return {
         "enabled": bool(firewall["enabled"]),
         "peers_v4": addresses(peers, 4),
         "peers_v6": addresses(peers, 6),
-        "public_tcp_ports": sorted({int(p) for p in firewall.get("public_tcp_ports", [])}),
-        "tcp_ports": sorted({int(p) for p in firewall.get("tcp_ports", [])}),
-        "tcp_port_ranges": [port_range(int(lo), int(hi))
-                            for lo, hi in sorted(firewall.get("tcp_port_ranges", []))],
+        "port_rules": port_rules(firewall),
     }
 
 
