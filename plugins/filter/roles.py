@@ -1,0 +1,36 @@
+"""Ansible filters over pdnode.core.roles for what a role computes from its own values (its
+defaults, which an inventory may override) rather than reading from the plan's view. No
+rule lives here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+try:
+    from pdnode.core.roles import sglang
+except ImportError:  # running from a checkout without the package installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+    from pdnode.core.roles import sglang
+
+
+def _plain(value):
+    """Ansible's tagged strings and containers as plain Python data."""
+    return json.loads(json.dumps(value))
+
+
+def pdnode_sglang_release(engine, **values) -> dict:
+    """The sglang role's values -> what the release installs and records (its packages,
+    markers, bundle names and managed paths: pdnode.core.roles.sglang.release)."""
+    return sglang.release(engine=str(engine), **{k: _plain(v) for k, v in values.items()})
+
+
+def pdnode_sglang_drift(state, release, venv, router_venv) -> dict:
+    """node_state's answer and the release -> how the venvs differ (pdnode.core.roles.sglang.drift)."""
+    return sglang.drift(_plain(state), _plain(release), str(venv), str(router_venv))
+
+
+class FilterModule:
+    def filters(self):
+        return {"pdnode_sglang_release": pdnode_sglang_release, "pdnode_sglang_drift": pdnode_sglang_drift}
