@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 try:
-    from pdnode.core.roles import sglang
+    from pdnode.core.roles import nvidia_driver, sglang
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-    from pdnode.core.roles import sglang
+    from pdnode.core.roles import nvidia_driver, sglang
 
 
 def _plain(value):
@@ -31,6 +31,23 @@ def pdnode_sglang_drift(state, release, venv, router_venv) -> dict:
     return sglang.drift(_plain(state), _plain(release), str(venv), str(router_venv))
 
 
+def pdnode_nvidia_driver_host(facts, **values) -> dict:
+    """ansible_facts and the role's values -> the repository, the packages and the problem
+    that stops the role (pdnode.core.roles.nvidia_driver.host)."""
+    return nvidia_driver.host(
+        distribution=str(facts["distribution"]), version=str(facts["distribution_version"]),
+        major_version=str(facts["distribution_major_version"]), architecture=str(facts["architecture"]),
+        **{k: _plain(v) for k, v in values.items()})
+
+
+def pdnode_nvidia_driver_fabric(fabricmanager, **values) -> dict:
+    """The fabric manager setting and what the host showed -> whether it is wanted and its
+    pinned packages (pdnode.core.roles.nvidia_driver.fabric)."""
+    return nvidia_driver.fabric(str(fabricmanager), **{k: _plain(v) for k, v in values.items()})
+
+
 class FilterModule:
     def filters(self):
-        return {"pdnode_sglang_release": pdnode_sglang_release, "pdnode_sglang_drift": pdnode_sglang_drift}
+        return {"pdnode_sglang_release": pdnode_sglang_release, "pdnode_sglang_drift": pdnode_sglang_drift,
+                "pdnode_nvidia_driver_host": pdnode_nvidia_driver_host,
+                "pdnode_nvidia_driver_fabric": pdnode_nvidia_driver_fabric}
