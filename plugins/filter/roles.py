@@ -8,11 +8,13 @@ import json
 import sys
 from pathlib import Path
 
+from ansible.errors import AnsibleFilterError
+
 try:
-    from pdnode.core.roles import nvidia_driver, sglang
+    from pdnode.core.roles import mooncake, nvidia_driver, sglang
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-    from pdnode.core.roles import nvidia_driver, sglang
+    from pdnode.core.roles import mooncake, nvidia_driver, sglang
 
 
 def _plain(value):
@@ -46,8 +48,24 @@ def pdnode_nvidia_driver_fabric(fabricmanager, **values) -> dict:
     return nvidia_driver.fabric(str(fabricmanager), **{k: _plain(v) for k, v in values.items()})
 
 
+def pdnode_mooncake_choose(smi, build, stack_cuda, versions) -> dict:
+    """nvidia-smi -q's result and the role's values -> the Mooncake build and the others
+    (pdnode.core.roles.mooncake.choose)."""
+    try:
+        return mooncake.choose(_plain(smi), str(build), _plain(stack_cuda), _plain(versions))
+    except mooncake.mooncake_select.SelectionError as exc:
+        raise AnsibleFilterError(f"pdnode_mooncake_choose: {exc}") from exc
+
+
+def pdnode_mooncake_loopback_report(stdout_lines) -> str:
+    """The loopback check's output -> its one-line report (pdnode.core.roles.mooncake)."""
+    return mooncake.loopback_report(_plain(stdout_lines))
+
+
 class FilterModule:
     def filters(self):
         return {"pdnode_sglang_release": pdnode_sglang_release, "pdnode_sglang_drift": pdnode_sglang_drift,
                 "pdnode_nvidia_driver_host": pdnode_nvidia_driver_host,
-                "pdnode_nvidia_driver_fabric": pdnode_nvidia_driver_fabric}
+                "pdnode_nvidia_driver_fabric": pdnode_nvidia_driver_fabric,
+                "pdnode_mooncake_choose": pdnode_mooncake_choose,
+                "pdnode_mooncake_loopback_report": pdnode_mooncake_loopback_report}
