@@ -156,3 +156,9 @@ def test_the_lines_come_in_the_order_the_role_printed_them():
         f"directory {ROOT}: missing", "release venv: marker differs", "router venv: marker differs",
         "release venv: does not hold bundle 0123456789ab", "router venv: does not hold bundle 0123456789ab",
         "bundle tarball: not only pdnode-0123456789ab.tar.gz"]
+
+
+def test_an_empty_answer_differs_in_everything():
+    d = drift({})
+    assert d["release_outdated"] and d["router_outdated"] and d["install"]
+    assert d["lines"][-1] == "bundle tarball: not only pdnode-0123456789ab.tar.gz" and len(d["lines"]) == 5

@@ -11,10 +11,10 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 
 try:
-    from pdnode.core.roles import mooncake, nvidia_driver, sglang
+    from pdnode.core.roles import host, mooncake, nvidia_driver, sglang
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-    from pdnode.core.roles import mooncake, nvidia_driver, sglang
+    from pdnode.core.roles import host, mooncake, nvidia_driver, sglang
 
 
 def _plain(value):
@@ -62,10 +62,22 @@ def pdnode_mooncake_loopback_report(stdout_lines) -> str:
     return mooncake.loopback_report(_plain(stdout_lines))
 
 
+def pdnode_os_release(facts) -> str:
+    """ansible_facts -> the OS as the roles' supported lists name it (pdnode.core.roles.host)."""
+    return host.os_release({k: str(facts[k]) for k in ("distribution", "distribution_version",
+                                                        "distribution_major_version")})
+
+
+def pdnode_rdma_memlock_lines(users, limit) -> str:
+    """The memlock users and limit -> the limits.d lines (pdnode.core.roles.host)."""
+    return host.memlock_lines([str(u) for u in users], str(limit))
+
+
 class FilterModule:
     def filters(self):
         return {"pdnode_sglang_release": pdnode_sglang_release, "pdnode_sglang_drift": pdnode_sglang_drift,
                 "pdnode_nvidia_driver_host": pdnode_nvidia_driver_host,
                 "pdnode_nvidia_driver_fabric": pdnode_nvidia_driver_fabric,
                 "pdnode_mooncake_choose": pdnode_mooncake_choose,
-                "pdnode_mooncake_loopback_report": pdnode_mooncake_loopback_report}
+                "pdnode_mooncake_loopback_report": pdnode_mooncake_loopback_report,
+                "pdnode_os_release": pdnode_os_release, "pdnode_rdma_memlock_lines": pdnode_rdma_memlock_lines}

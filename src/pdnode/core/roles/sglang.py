@@ -85,15 +85,16 @@ def drift(state: dict[str, Any], release: dict[str, Any], venv: str, router_venv
     other, one pdnode.pth whose line points at it, this tarball and no other); whether each
     venv's marker differs (its packages are installed again), and whether each marker file
     is to be written (its content, or only its mode or owners, differ)."""
-    managed = list(state["drift"])
-    found, commands = state["found"], state["commands"]
-    release_outdated = _marker(state["read"].get(release["release_marker_path"])) != release["release_marker"]
-    router_outdated = _marker(state["read"].get(release["router_marker_path"])) != release["router_marker"]
+    managed = list(state.get("drift", []))
+    found, commands, read = state.get("found", {}), state.get("commands", {}), state.get("read", {})
+    release_outdated = _marker(read.get(release["release_marker_path"])) != release["release_marker"]
+    router_outdated = _marker(read.get(release["router_marker_path"])) != release["router_marker"]
     bundle_dir = release["bundle_dir"]
 
     def lacks_bundle(key: str, where: str) -> bool:
-        return (found[f"{key}_src"] != [bundle_dir] or not found[f"{key}_bundle"]
-                or commands[f"{key}_pth"]["stdout"].splitlines() != [f"{where}/src/{bundle_dir}"])
+        # a question node_state was not asked (or not answered) counts as not holding it
+        return (found.get(f"{key}_src") != [bundle_dir] or not found.get(f"{key}_bundle")
+                or commands.get(f"{key}_pth", {}).get("stdout", "").splitlines() != [f"{where}/src/{bundle_dir}"])
 
     def file_drift(path: str) -> bool:
         return any(line.startswith(f"file {path}: ") for line in managed)
@@ -105,7 +106,7 @@ def drift(state: dict[str, Any], release: dict[str, Any], venv: str, router_venv
              + ([f"router venv: does not hold bundle {release['bundle_id']}"]
                 if lacks_bundle("router", router_venv) else [])
              + ([f"bundle tarball: not only {bundle_dir}.tar.gz"]
-                if found["tarballs"] != [f"{bundle_dir}.tar.gz"] else []))
+                if found.get("tarballs") != [f"{bundle_dir}.tar.gz"] else []))
     return {
         "lines": lines, "managed": managed,
         # packages.yml runs: a marker differs, or a marker or the install root drifted
