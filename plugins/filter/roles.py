@@ -11,10 +11,10 @@ from pathlib import Path
 from ansible.errors import AnsibleFilterError
 
 try:
-    from pdnode.core.roles import host, mooncake, nvidia_driver, sglang
+    from pdnode.core.roles import host, mooncake, nvidia_driver, preflight, sglang
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-    from pdnode.core.roles import host, mooncake, nvidia_driver, sglang
+    from pdnode.core.roles import host, mooncake, nvidia_driver, preflight, sglang
 
 
 def _plain(value):
@@ -73,6 +73,22 @@ def pdnode_rdma_memlock_lines(users, limit) -> str:
     return host.memlock_lines([str(u) for u in users], str(limit))
 
 
+def pdnode_preflight_model_probes(model_path) -> dict:
+    """The expected model path -> the shell tests of it (pdnode.core.roles.preflight)."""
+    return preflight.model_probes(None if model_path is None else str(model_path))
+
+
+def pdnode_preflight_raw(probes, cuda, model_path) -> dict:
+    """The probes' results, the CUDA probe's and the model path -> hostfacts' input."""
+    return preflight.raw(_plain(probes), _plain(cuda), None if model_path is None else str(model_path))
+
+
+def pdnode_preflight_failure(verdict, fail_on_error, fail_on_warning, host, facts_file) -> dict:
+    """The verdict and the role's switches -> the blocking problems and the message."""
+    return preflight.failure(_plain(verdict), fail_on_error=bool(fail_on_error), fail_on_warning=bool(fail_on_warning),
+                             host=str(host), facts_file=str(facts_file))
+
+
 class FilterModule:
     def filters(self):
         return {"pdnode_sglang_release": pdnode_sglang_release, "pdnode_sglang_drift": pdnode_sglang_drift,
@@ -80,4 +96,6 @@ class FilterModule:
                 "pdnode_nvidia_driver_fabric": pdnode_nvidia_driver_fabric,
                 "pdnode_mooncake_choose": pdnode_mooncake_choose,
                 "pdnode_mooncake_loopback_report": pdnode_mooncake_loopback_report,
-                "pdnode_os_release": pdnode_os_release, "pdnode_rdma_memlock_lines": pdnode_rdma_memlock_lines}
+                "pdnode_os_release": pdnode_os_release, "pdnode_rdma_memlock_lines": pdnode_rdma_memlock_lines,
+                "pdnode_preflight_model_probes": pdnode_preflight_model_probes,
+                "pdnode_preflight_raw": pdnode_preflight_raw, "pdnode_preflight_failure": pdnode_preflight_failure}

@@ -18,4 +18,4 @@ def os_release(facts: dict[str, Any]) -> str:
 def memlock_lines(users: list[str], limit: Any) -> str:
     """The limits.d lines that raise the locked-memory limit of each user (or @group): a
     soft and a hard line each, the name padded to 20 columns; each line ends in a newline."""
-    return "".join(f"{'%-20s' % (user,)} {kind}    memlock    {limit}\n" for user in users for kind in ("soft", "hard"))
+    return "".join(f"{user:<20} {kind}    memlock    {limit}\n" for user in users for kind in ("soft", "hard"))
