@@ -60,6 +60,12 @@ def test_the_firewall_admits_exactly_the_peers_to_the_hosts_listeners(pair):
     assert fw2["peers"] == ["10.20.0.11"] and fw2["public_tcp_ports"] == [8000]
     assert 30001 in fw2["tcp_ports"] and 30234 in fw2["tcp_ports"] and 8000 not in fw2["tcp_ports"]
     assert [15000, 17000] in fw1["tcp_port_ranges"]  # Mooncake's RPC and transfer ports
+    # the role's view (pdnode.core.plan.roles.firewall): what the rules file writes
+    view1, view2 = p["gpu01"]["roles"]["firewall"], p["gpu02"]["roles"]["firewall"]
+    assert view1["enabled"] and view1["peers_v4"] == ["10.20.0.12"] and view1["peers_v6"] == []
+    drops = "tcp dport { " + ", ".join(map(str, sorted(fw1["tcp_ports"]))) + " } counter drop"
+    assert view1["port_rules"][:2] == [drops, "tcp dport 15000-17000 counter drop"]  # nothing public on gpu01
+    assert view2["port_rules"][0] == "tcp dport { 8000 } accept"
 
 
 def test_the_firewall_follows_mooncakes_port_range_when_the_inventory_moves_it(pair):

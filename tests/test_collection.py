@@ -51,7 +51,7 @@ def test_roles_and_playbooks_name_the_collections_filters_and_modules_by_fqcn():
     """A collection's roles find no filter by its short name (Ansible looks those up only
     in ansible.builtin and the configured paths), and no role-embedded plugin at all."""
     names = _filter_names() | {p.stem for p in (ROOT / "plugins" / "modules").glob("*.py")}
-    assert {"pdnode_plan", "firewall_addresses", "pd_services_files", "pdnode_controller_root"} <= names
+    assert {"pdnode_plan", "pd_services_files", "pdnode_controller_root"} <= names
     alt = "|".join(sorted(names, key=len, reverse=True))
     # a filter after a pipe, or a module as a task's key, not preceded by the collection
     short = re.compile(rf"\|\s*({alt})\b|^\s*-?\s*({alt}):\s*$")

@@ -25,18 +25,15 @@ import yaml
 from ansible.plugins.filter.core import FilterModule as CoreFilters
 from ansible.plugins.test.core import TestModule as CoreTests
 
+from planvars import variables
+
+from pdnode.core.plan import build_plan
+from pdnode.core.plan.roles import firewall
+
 ROOT = Path(__file__).resolve().parents[1]
 ROLE = ROOT / "roles/firewall"
 
 
-def _role_filters():
-    spec = importlib.util.spec_from_file_location("firewall_addresses", ROOT / "plugins/filter/firewall_addresses.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ADDR = _role_filters()
 PDNODE_FILTERS = importlib.util.spec_from_file_location("pdnode_filters", ROOT / "plugins/filter/pdnode.py")
 
 
@@ -48,7 +45,7 @@ def _env() -> jinja2.Environment:
     project = importlib.util.module_from_spec(PDNODE_FILTERS)  # the project's filters (pdnode_exec_line)
     PDNODE_FILTERS.loader.exec_module(project)
     # the collection's filters, by the names the role's templates use (FQCN)
-    for name, fn in {**ADDR.FilterModule().filters(), **project.FilterModule().filters()}.items():
+    for name, fn in project.FilterModule().filters().items():
         env.filters[f"pdnode.sglang_pd.{name}"] = fn
     env.tests.update(CoreTests().tests())
     return env
@@ -61,12 +58,9 @@ def plan(**over) -> dict:
 
 
 def render(name: str, firewall_plan: dict, prefix: str = "sglang-pd") -> str:
-    env = _env()
-    context = {"firewall_plan": firewall_plan, "firewall_prefix": prefix, "ansible_managed": "Ansible managed"}
-    # The role's vars are templates themselves (table and file names from the prefix).
-    for key, value in yaml.safe_load((ROLE / "vars/main.yml").read_text()).items():
-        context[key] = env.from_string(str(value)).render(context)
-    return env.get_template(name).render(context)
+    """The template as the role writes it from the plan's view (pdnode.core.plan.roles.firewall)."""
+    view = firewall.view({"install": {"prefix": prefix}, "firewall": firewall_plan})
+    return _env().get_template(name).render({"firewall_view": view, "ansible_managed": "Ansible managed"})
 
 
 def statements(text: str) -> list[str]:
@@ -200,11 +194,55 @@ def test_nft_accepts_the_file(tmp_path, enabled):
     assert run.returncode == 0, run.stderr
 
 
-# --- the role's filter and inputs ---------------------------------------------------------
+# --- the role's view and inputs ------------------------------------------------------------
 @pytest.mark.parametrize("value", ["gpu02", "10.0.0.0/24", "10.0.0.256", "fe80::1%eth0", "", 167772162, None,
                                    True, " 10.0.0.2"])
-def test_non_addresses_are_named(value):
-    assert ADDR.firewall_not_addresses(["10.0.0.2", value, "::1"]) == [value]
+def test_a_value_that_is_no_address_literal_is_in_no_set(value):
+    assert firewall.addresses(["10.0.0.2", value, "::1"], 4) == ["10.0.0.2"]
+    assert firewall.addresses(["10.0.0.2", value, "::1"], 6) == ["::1"]
+
+
+def test_addresses_are_normalised_sorted_and_unique():
+    peers = ["10.0.0.10", "10.0.0.9", "10.0.0.9", "FD00:0::3", "fd00::3", "fd00::2"]
+    assert firewall.addresses(peers, 4) == ["10.0.0.9", "10.0.0.10"]  # by address, not as text
+    assert firewall.addresses(peers, 6) == ["fd00::2", "fd00::3"]
+
+
+def test_a_range_is_written_as_nft_reads_it():
+    assert firewall.port_range(15000, 17000) == "15000-17000"
+    assert firewall.port_range(5000, 5000) == "5000"
+
+
+def test_the_view_names_everything_after_the_prefix():
+    names = firewall.names("pd-a")
+    assert names == {
+        "prefix": "pd-a", "table": "pd_a_pdnode", "unit": "pd-a-firewall.service",
+        "unit_path": "/etc/systemd/system/pd-a-firewall.service", "rules_file": "/etc/pd-a-firewall.nft",
+        "target": "pd-a.target", "nft": "/usr/sbin/nft",
+        "files": ["/etc/systemd/system/pd-a-firewall.service", "/etc/pd-a-firewall.nft"],
+        "load_argv": ["/usr/sbin/nft", "-f", "/etc/pd-a-firewall.nft"],
+        "list_argv": ["/usr/sbin/nft", "list", "table", "inet", "pd_a_pdnode"],
+        "delete_argv": ["/usr/sbin/nft", "delete", "table", "inet", "pd_a_pdnode"]}
+
+
+def test_the_port_rules_accept_the_public_ports_first_then_drop_each_port_once_and_the_ranges():
+    rules = firewall.port_rules(plan(tcp_ports=[30001, 30000, 30001], public_tcp_ports=[8000, 30001, 8000],
+                                     tcp_port_ranges=[[32768, 60999], [5000, 5000], [15000, 17000]]))
+    assert rules == ["tcp dport { 8000, 30001 } accept", "tcp dport { 30000, 30001 } counter drop",
+                     "tcp dport 5000 counter drop", "tcp dport 15000-17000 counter drop",
+                     "tcp dport 32768-60999 counter drop"]
+    assert firewall.port_rules(plan(tcp_ports=[], public_tcp_ports=[], tcp_port_ranges=[])) == []
+    assert firewall.port_rules(plan(public_tcp_ports=[])) == ["tcp dport { 30000, 30001 } counter drop",
+                                                              "tcp dport 5000 counter drop",
+                                                              "tcp dport 15000-17000 counter drop",
+                                                              "tcp dport 32768-60999 counter drop"]
+    assert firewall.rules(plan(enabled=False))["enabled"] is False
+
+
+def test_the_plan_of_every_host_carries_the_firewall_view():
+    doc = build_plan(variables("demo")).as_dict()
+    assert doc["roles"]["firewall"] == firewall.view(doc)
+    assert doc["roles"]["firewall"]["enabled"] is False  # one host: engines on loopback
 
 
 def test_every_role_variable_has_an_argument_spec():
@@ -213,18 +251,20 @@ def test_every_role_variable_has_an_argument_spec():
     used = set()
     for path in [*ROLE.rglob("*.yml"), *ROLE.rglob("*.j2")]:
         used |= set(re.findall(r"\bfirewall_[a-z_]+\b", path.read_text()))
-    used -= set(ADDR.FilterModule().filters())
     assert set(defaults) <= set(spec)
     assert used == set(spec), f"role variables without a spec or specs never used: {used ^ set(spec)}"
-    plan_keys = set(spec["firewall_plan"]["options"])
-    assert plan_keys == set(defaults["firewall_plan"]) == set(plan())
+    view_keys = set(spec["firewall_view"]["options"])
+    # the defaults are the view of the default prefix with the firewall disabled
+    assert view_keys == set(defaults["firewall_view"]) == set(firewall.view(
+        {"install": {"prefix": "sglang-pd"}, "firewall": plan(enabled=False)}))
+    assert defaults["firewall_view"] == firewall.view({"install": {"prefix": "sglang-pd"}, "firewall": {
+        "enabled": False, "peers": [], "tcp_ports": [], "tcp_port_ranges": [], "public_tcp_ports": []}})
 
 
-def test_playbook_feeds_the_plan():
+def test_playbook_feeds_the_view():
     play = yaml.safe_load((ROOT / "playbooks/firewall.yml").read_text())[0]
     assert play["hosts"] == "all" and play["become"] is True and play["tags"] == ["firewall"]
     assert play["pre_tasks"][0]["ansible.builtin.import_tasks"] == "tasks/plan.yml"
     role = play["roles"][0]
     assert role["role"] == "pdnode.sglang_pd.firewall"
-    assert role["vars"] == {"firewall_plan": "{{ _pdnode_plan.firewall }}",
-                            "firewall_prefix": "{{ _pdnode_plan.install.prefix }}"}
+    assert role["vars"] == {"firewall_view": "{{ _pdnode_plan.roles.firewall }}"}

@@ -202,6 +202,18 @@ def test_reads_finds_and_commands_report_without_judging(tmp_path):
     assert result["commands"]["fails"]["rc"] == 3
 
 
+def test_exists_names_the_present_paths_in_the_order_given(tmp_path):
+    # what the firewall role removes: the unit and the rules file an earlier layout left;
+    # a dangling link is present (the file module removes it), a missing path is not
+    (tmp_path / "rules.nft").write_text("")
+    (tmp_path / "unit.service").symlink_to(tmp_path / "gone")
+    asked = [str(tmp_path / "unit.service"), str(tmp_path / "absent"), str(tmp_path / "rules.nft")]
+    result = run(node_state, {"exists": asked})
+    assert result["present"] == [asked[0], asked[2]]
+    assert result["drift"] == [] and result["changed"] is False
+    assert run(node_state, {})["present"] == []
+
+
 def test_a_command_that_exits_without_reading_its_stdin_is_an_answer_not_a_failure(tmp_path):
     """A fresh host in check mode has no release python yet: env answers 127 at once and never
     reads the spec on its stdin. That is the command's answer (rc 127), not a failed read.

@@ -45,6 +45,7 @@ from planvars import changed
 
 from pdnode.core.inventory.read import inventory_hosts, inventory_variables
 from pdnode.core.plan.build import PlanError, build_plan
+from pdnode.core.plan.roles import firewall as firewall_role
 from pdnode.node.unitcheck import exec_line
 
 pytestmark = pytest.mark.integration
@@ -280,7 +281,7 @@ def _render(cases: list[Case], firewall: list[str], dcgm: list[str], tmp: Path) 
     out.mkdir()
     roles = ROOT / "roles"
     var_files = [roles / "pd_services/defaults/main.yml", roles / "pd_services/vars/main.yml",
-                 roles / "firewall/vars/main.yml", roles / "monitoring/defaults/main.yml",
+                 roles / "monitoring/defaults/main.yml",
                  roles / "monitoring/vars/main.yml"]
     templates = {"firewall": roles / "firewall/templates/firewall.service.j2",
                  "dcgm": roles / "monitoring/templates/dcgm-exporter.conf.j2"}
@@ -314,12 +315,13 @@ def _render(cases: list[Case], firewall: list[str], dcgm: list[str], tmp: Path) 
                      "vars_files": [str(p) for p in var_files] + [str(tmp / f"cases-{k}.json")],
                      "tasks": [files_task, write("pdnode_files.results | map(attribute='msg') | list",
                                                  out / f"files-{k}.json")]})
-    (tmp / "others.json").write_text(json.dumps({"pdnode_firewall_prefixes": firewall, "pdnode_dcgm_addresses": dcgm}))
+    (tmp / "others.json").write_text(json.dumps({"pdnode_firewall_views": [firewall_role.names(p) for p in firewall],
+                                                   "pdnode_dcgm_addresses": dcgm}))
     play.append({
         "name": "Render the firewall and DCGM units as the roles do", "hosts": "localhost", "connection": "local",
         "gather_facts": False, "vars_files": [str(p) for p in var_files] + [str(tmp / "others.json")],
         "tasks": [
-            collect("firewall", "pdnode_firewall_prefixes", {"firewall_prefix": "{{ pdnode_item }}"}),
+            collect("firewall", "pdnode_firewall_views", {"firewall_view": "{{ pdnode_item }}"}),
             collect("dcgm", "pdnode_dcgm_addresses", {"monitoring_dcgm_exporter_listen_address": "{{ pdnode_item }}"}),
             write("{'firewall': pdnode_firewall.results | map(attribute='msg') | list, "
                   "'dcgm': pdnode_dcgm.results | map(attribute='msg') | list}", out / "others.json"),

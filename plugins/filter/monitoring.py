@@ -10,9 +10,11 @@ from ansible.errors import AnsibleFilterError
 
 try:
     from pdnode.core.plan import monitoring
+    from pdnode.core.plan.roles import monitoring as monitoring_role
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from pdnode.core.plan import monitoring
+    from pdnode.core.plan.roles import monitoring as monitoring_role
 
 
 def _plain(value):
@@ -48,7 +50,14 @@ def pdnode_monitoring_facts(plan: dict) -> dict:
     return monitoring.role_facts(_plain(plan))
 
 
+def pdnode_monitoring_files(plan: dict, **values) -> dict:
+    """plan and the role's values -> the rules, the scrape configuration and node_state's
+    specs of the files and directory the role writes (pdnode.core.plan.roles.monitoring.files)."""
+    return _call(monitoring_role.files, plan, **values)
+
+
 class FilterModule:
     def filters(self):
         return {"pdnode_scrape_config": pdnode_scrape_config, "pdnode_alert_rules": pdnode_alert_rules,
-                "pdnode_dcgm_counters": pdnode_dcgm_counters, "pdnode_monitoring_facts": pdnode_monitoring_facts}
+                "pdnode_dcgm_counters": pdnode_dcgm_counters, "pdnode_monitoring_facts": pdnode_monitoring_facts,
+                "pdnode_monitoring_files": pdnode_monitoring_files}

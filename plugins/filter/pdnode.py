@@ -86,8 +86,15 @@ def pdnode_role_value_problem(value, name: str) -> str:
     return values.role_value_problem(name, value) or ""
 
 
+def pdnode_role_value_problems(named) -> list[str]:
+    """{NAME: VALUE, ...} of role variables -> one line per value that breaks its rule, in
+    the order given (pdnode_role_value_problem's line); [] when every value keeps it."""
+    return values.role_value_problems(dict(named))
+
+
 class FilterModule:
     def filters(self):
         return {"pdnode_plan": pdnode_plan, "pdnode_layout_view": pdnode_layout_view,
                 "pdnode_exec_line": pdnode_exec_line, "pdnode_role_value_problem": pdnode_role_value_problem,
-                "pdnode_key_file_problem": pdnode_key_file_problem}
+                "pdnode_key_file_problem": pdnode_key_file_problem,
+                "pdnode_role_value_problems": pdnode_role_value_problems}

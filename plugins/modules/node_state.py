@@ -89,6 +89,13 @@ options:
     type: list
     elements: path
     default: []
+  exists:
+    description:
+      - Paths whose presence is returned (RV(present)); a link counts as present, dangling or
+        not, as a directory listing would show it.
+    type: list
+    elements: path
+    default: []
   find:
     description: Directories whose entries matching a regular expression are returned (RV(found)).
     type: dict
@@ -115,6 +122,7 @@ differs:
   type: dict
   returned: always
 read: {description: Path -> content (null when missing)., type: dict, returned: always}
+present: {description: The paths of O(exists) that are present, in the order given., type: list, returned: always}
 found: {description: Key -> sorted entry names matching its pattern., type: dict, returned: always}
 commands: {description: Key -> rc, stdout, stderr., type: dict, returned: always}
 units: {description: Unit -> its is-enabled and is-active answers., type: dict, returned: always}
@@ -273,6 +281,10 @@ def read_files(paths: list[str]) -> dict:
     return contents
 
 
+def present_paths(paths: list[str]) -> list[str]:
+    return [path for path in paths if os.path.lexists(path)]
+
+
 def find_entries(module: AnsibleModule, queries: dict) -> dict:
     found = {}
     for key, query in queries.items():
@@ -365,6 +377,7 @@ def main() -> None:
                      "options": {"url": {"type": "str", "required": True},
                                  "status": {"type": "int", "default": 200}, "line": {"type": "str"}}},
             "read": {"type": "list", "elements": "path", "default": []},
+            "exists": {"type": "list", "elements": "path", "default": []},
             "find": {"type": "dict", "default": {}},
             "commands": {"type": "dict", "default": {}},
         },
@@ -386,7 +399,8 @@ def main() -> None:
         if name not in differs[kind]:
             differs[kind].append(name)
     module.exit_json(changed=False, drift=[line for _, _, line in found], differs=differs, units=units,
-                     read=read_files(p["read"]), found=find_entries(module, p["find"]), commands=commands)
+                     read=read_files(p["read"]), present=present_paths(p["exists"]),
+                     found=find_entries(module, p["find"]), commands=commands)
 
 
 if __name__ == "__main__":

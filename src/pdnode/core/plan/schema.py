@@ -351,9 +351,30 @@ class PdServicesView(TypedDict):
     restart: RestartRule
 
 
+class FirewallView(TypedDict):
+    """What the firewall role reads (pdnode.core.plan.roles.firewall): its names after the
+    install prefix and the rules file's values."""
+    prefix: str
+    table: str  # the nftables table: inet <prefix with _>_pdnode
+    unit: str
+    unit_path: str
+    rules_file: str
+    target: str  # the node's target, which the firewall unit comes before
+    nft: str
+    files: list[str]  # the unit and the rules file, in the order a disabled plan removes them
+    load_argv: list[str]
+    list_argv: list[str]
+    delete_argv: list[str]
+    enabled: bool
+    peers_v4: list[str]
+    peers_v6: list[str]
+    port_rules: list[str]  # the input chain's port rules, in order, as nft reads them
+
+
 class RoleViews(TypedDict):
     """Each role's view of the plan (pdnode.core.plan.roles): what it reads, computed."""
     pd_services: PdServicesView
+    firewall: FirewallView
 
 
 class PlanDoc(TypedDict):

@@ -498,6 +498,12 @@ def role_value_problem(name: str, value: Any) -> str | None:
     return f"{name} {rule.rule} (got {json.dumps(got, default=str)}{where}); fix: {rule.fix}"
 
 
+def role_value_problems(named: dict[str, Any]) -> list[str]:
+    """One line per role variable of NAMED (name -> value) that breaks its rule, in the
+    order given (role_value_problem's line); empty when every value keeps its rule."""
+    return [line for name, value in named.items() if (line := role_value_problem(name, value))]
+
+
 def check_role_values(raw: dict[str, Any], error: Error, warn: Error | None = None) -> None:
     """The role variables an inventory sets: patterns (one line per bad part), and a
     warning for each hardening switch turned off."""
