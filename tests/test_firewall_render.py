@@ -27,7 +27,7 @@ from ansible.plugins.test.core import TestModule as CoreTests
 
 from planvars import variables
 
-from pdnode.core.plan import build_plan
+from pdnode.core.plan.build import build_plan
 from pdnode.core.plan.roles import firewall
 
 ROOT = Path(__file__).resolve().parents[1]

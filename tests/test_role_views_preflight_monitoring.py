@@ -9,8 +9,8 @@ import os
 
 from planvars import variables
 
-from pdnode.core import monitoring
-from pdnode.core.plan import build_plan
+from pdnode.core.plan import monitoring
+from pdnode.core.plan.build import build_plan
 from pdnode.core.plan.roles import monitoring as monitoring_role
 from pdnode.core.plan.roles import preflight
 
