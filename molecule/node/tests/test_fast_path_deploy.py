@@ -113,7 +113,7 @@ def test_the_services_drifts_are_repaired(converged, host):
     assert changed(record) > 0
     names = ran(record)
     for task in ("Create the configuration directories", "Create the service user", "Enable the services and their target",
-                 "Start the services"):
+                 "Start what does not run, and name each service that did not start"):
         assert f"pdnode.sglang_pd.pd_services : {task}" in names, sorted(names)
     assert host.file(CFG).mode == 0o750
     assert host.user(user).shell == "/usr/sbin/nologin"
