@@ -89,7 +89,6 @@ FLAGGED = [
     ("SGLANG_MOONCAKE_CUSTOM_MEM_POOL", "BAREX", "nixl", AGAINST),
     ("SGLANG_MOONCAKE_CUSTOM_MEM_POOL", "intra_node_nvlink", "tcp", WARN),  # SGLang matches upper case only
     ("SGLANG_MOONCAKE_SEND_AUX_TCP", "true", "nvlink", AGAINST),
-    ("SGLANG_MOONCAKE_SEND_AUX_TCP", "maybe", "rdma-map", AGAINST),
     ("ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE", "1", "rdma-map", AGAINST),
     ("SGLANG_HOST_IP", "10.20.0.99", "pair", OWNED),
     ("SGLANG_HOST_IP", "10.20.0.99", "nvlink", WARN),

@@ -69,6 +69,12 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "environment-name": ({"pdnode_engine_environment": {"sglang_x": "1"}}, set()),
     "environment-value-type": ({"pdnode_engine_environment": {"X": [1]}}, set()),
     "environment-value-pattern": ({"pdnode_engine_environment": {"X": "$HOME"}}, set()),
+    # every KV path (tests/test_environment_types.py): gpu01's NVLink does not read it, and refuses it still
+    "environment-value-parses": ({"pdnode_engine_environment": {"MC_GID_INDEX": "three"}}, set()),
+    # the TCP path, where MC_FORCE_TCP is no contradiction: "0" turns it on all the same
+    "environment-presence-switch": ({"pdnode_transfer_backend": "mooncake_tcp", "pdnode_ib_devices": None,
+                                     "pdnode_kv_intranode_nvlink": False,
+                                     "pdnode_engine_environment": {"MC_FORCE_TCP": "0"}}, {"kv-over-tcp"}),
     "load-format-value": ({"pdnode_model_load_format": "bogus"}, set()),
     "threshold-known": ({"pdnode_verify_thresholds": {"ttft_p42_max_s": 1.0}}, set()),
     "threshold-positive": ({"pdnode_verify_thresholds": {"ttft_p99_max_s": -1}}, set()),

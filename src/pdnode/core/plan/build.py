@@ -18,7 +18,7 @@ from typing import Any
 from ...node import releases
 from . import cluster, kv_path, managed
 from ..inventory import deferred
-from ..rules import argtable, disagg, guards, mooncake_select, router_judge, values
+from ..rules import argtable, disagg, environment_types, guards, mooncake_select, router_judge, values
 from ..resources import controller_dir
 from ..rules import instances as inst_rules
 from ..inventory.fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
@@ -549,7 +549,8 @@ def _kv_path(c: _Checker, v: dict[str, Any], multi_host: bool, ib_map: dict[int,
     is judged against the path: what the plan says must be what they will do."""
     kv = kv_path.choose(v, multi_host, bool(ib_map))
     env = v["pdnode_engine_environment"]
-    for found in kv_path.judge_environment(env, kv["path"], multi_host, ib_map):
+    judged = kv_path.judge_environment(env, kv["path"], multi_host, ib_map)
+    for found in judged:
         where = f"pdnode_engine_environment.{found.variable}"
         if found.verdict == "owned":
             c.error("kv-environment-owned", where, env[found.variable], found.why, found.fix)
@@ -557,6 +558,13 @@ def _kv_path(c: _Checker, v: dict[str, Any], multi_host: bool, ib_map: dict[int,
             c.error("kv-environment-contradicts", where, env[found.variable], found.why, found.fix)
         else:
             c.warn("kv-environment-surprising", where, env[found.variable], found.why, found.fix)
+    said = {found.variable for found in judged}
+    for name, value in env.items():
+        if name not in said and environment_types.presence_looks_off(name, value):
+            c.warn("environment-presence-switch", f"pdnode_engine_environment.{name}", value,
+                   f"{environment_types.TYPES[name].library} tests it for presence only "
+                   f"({environment_types.TYPES[name].source}): {str(value)!r} turns it on like any other value",
+                   "remove it to turn the switch off, or write 1 to say that it is on")
     per_token, source = kv_path.kv_bytes_per_token(v, REPO_ROOT)
     seconds = kv_path.handoff_seconds(per_token, v["pdnode_kv_prompt_tokens"], kv["gb_s"])
     floor, floor_why = kv_path.floor_gb_s(kv["path"])

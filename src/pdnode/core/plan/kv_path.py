@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..rules.environment_types import TRUTH
+
 # Expected hand-off speed per path, GB/s (1e9 bytes), and where the number comes from.
 SPEEDS: dict[str, tuple[float, str]] = {
     "nvlink": (385.0, "NVLink between two H200s (torch peer copy); Mooncake's intra-node transport moved 1 GiB at "
@@ -227,8 +229,9 @@ MOONCAKE_ONLY = ("MC_FORCE_TCP", "MC_INTRANODE_NVLINK", "MC_FORCE_MNNVL", "MC_FO
                  "MC_USE_TEV1", "MC_TE_FILTERS", "MC_CUSTOM_TOPO_JSON", "MC_TCP_BIND_ADDRESS", *RDMA_ONLY,
                  "MOONCAKE_PROTOCOL", "SGLANG_MOONCAKE_SEND_AUX_TCP", "ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE")
 NIXL_ONLY = ("SGLANG_DISAGGREGATION_NIXL_BACKEND", "SGLANG_DISAGGREGATION_NIXL_BACKEND_PARAMS")
-# SGLang's EnvBool (srt/environ.py): anything else raises when the variable is read.
-ENV_TRUE, ENV_FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
+# SGLang's EnvBool (srt/environ.py); a value in neither is refused whatever the path
+# (environment-value-parses: pdnode.core.rules.environment_types).
+ENV_TRUE, ENV_FALSE = TRUTH["EnvBool"]
 # Every variable judged here (tests/test_kv_environment.py holds a refused or warned case and
 # an accepted one for each).
 JUDGED_ENVIRONMENT = frozenset((*NVLINK_ENVIRONMENT, *RDMA_ENVIRONMENT, ADDRESS_VARIABLE, "HOST_IP",
@@ -344,10 +347,7 @@ def _judge_mooncake(name: str, value: str, path: str, multi_host: bool, ib_map: 
                 f"not the transport (the MC_* switches and the NICs found do): {on} whatever it says",
                 "remove it; the path is pdnode_transfer_backend's and pdnode_kv_intranode_nvlink's")
     if name in ("SGLANG_MOONCAKE_SEND_AUX_TCP", "ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE"):
-        if value.lower() not in ENV_TRUE + ENV_FALSE:
-            return ("contradicts", "is not a true/false SGLang reads (true, 1, yes, y / false, 0, no, n): it raises "
-                    "where it reads it, and the hand-off fails", "write true or false, or remove it")
-        if value.lower() in ENV_FALSE:
+        if value.lower() not in ENV_TRUE:  # false, or not a boolean (environment-value-parses refuses it)
             return None
         if name == "ENABLE_ASCEND_TRANSFER_WITH_MOONCAKE":
             return ("contradicts", f"makes SGLang start Mooncake with the ascend protocol for Ascend NPUs; {on}",

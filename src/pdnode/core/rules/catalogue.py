@@ -80,6 +80,11 @@ RULES: tuple[Rule, ...] = (
          "true/false"),
     Rule("environment-value-pattern", "error", "a `pdnode_engine_environment` value holds only characters that "
          "mean nothing in a systemd environment file"),
+    Rule("environment-value-parses", "error", "a `pdnode_engine_environment` variable the plan knows "
+         "(`pdnode.core.rules.environment_types.TYPES`: Mooncake's `MC_*`, NCCL's, SGLang's) holds a value of the "
+         "type its library parses (an integer where it parses an integer, within its range; true/false where SGLang "
+         "reads a boolean), whatever the KV path: a value it does not parse is read as 0 or a truncated number, "
+         "ignored, or fails the engine's start"),
     Rule("load-format-value", "error", "`pdnode_model_load_format` is a `--load-format` choice of SGLang 0.5.23"),
     Rule("threshold-known", "error", "a `pdnode_verify_thresholds` key is a known threshold"),
     Rule("threshold-positive", "error", "a `pdnode_verify_thresholds` value is a positive number"),
@@ -209,6 +214,9 @@ RULES: tuple[Rule, ...] = (
          "does nothing on the plan's KV path (an RDMA setting under NVLink, `MOONCAKE_PROTOCOL`, `MC_TCP_BIND_ADDRESS`, a Mooncake variable with the nixl "
          "backend, ...) or steers it where pdnode checks nothing (a NIC filter or topology file without "
          "`pdnode_ib_devices`, an advertised address on one host)"),
+    Rule("environment-presence-switch", "warning", "a Mooncake switch Mooncake tests for presence only "
+         "(`MC_FORCE_TCP`, ...) is written as if it turned it off (`0`, `false`, empty): any value turns it on; "
+         "only where `kv-environment-*` does not already judge the variable on the plan's path"),
     # --- the router
     Rule("router-package-known", "error", "`pdnode_router_package` is sglang-router or smg"),
     Rule("router-smg-cache-aware", "error", "not smg 1.13 with the cache_aware policy and several prefills or "

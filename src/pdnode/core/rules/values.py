@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import argtable
+from . import argtable, disagg, environment_types
 
 # C0/C1 controls and DEL, Unicode line/paragraph separators, zero-width and bidi
 # controls: none belongs in a configuration value, several end a line somewhere.
@@ -252,6 +252,10 @@ def check_settings(v: dict[str, Any], skip: set[str], error: Error) -> None:
         _environment(error, env)
 
 
+# Refused apart, whatever their value (disagg-environment-owned): one line per variable.
+_DISAGG_OWNED = frozenset(variable for variable, _ in disagg.ENVIRONMENT.values())
+
+
 def _environment(error: Error, env: dict[Any, Any]) -> None:
     for key, value in env.items():
         name = f"pdnode_engine_environment.{key}"
@@ -266,6 +270,9 @@ def _environment(error: Error, env: dict[Any, Any]) -> None:
                   name, value, "may contain only letters, digits and _ . , : / @ + = - (at most 1024; systemd "
                   "reads quotes, backslashes, spaces at the ends and $VAR in environment files)",
                   "write a plain value")
+        elif key not in _DISAGG_OWNED and (parse := environment_types.problem(key, value)) is not None:
+            # every KV path: a value the library does not parse fails or is ignored wherever it is read
+            error("environment-value-parses", name, value, *parse)
 
 
 def is_secret_name(name: str) -> bool:
