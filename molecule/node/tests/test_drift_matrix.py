@@ -84,6 +84,19 @@ def plan_of(record: dict) -> dict:
     raise AssertionError(f"no {PLAN_TASK!r} result in the deploy's record")
 
 
+def expected_restores(plan: dict, entry: dict) -> set[str]:
+    """What a re-run must restore of ENTRY, from its kind (written here, not read from the
+    plan's `restores`, so that a path dropped from a kind's cases fails instead of shrinking
+    the matrix): every aspect, but a directory has no content, the admin key's content is
+    made on the host, and the install root is not removed (that is a reinstall)."""
+    aspects = set(ASPECTS)
+    if entry["kind"] == "directory" or entry["path"] == plan["install"]["admin_key_path"]:
+        aspects.discard("content")
+    if entry["path"] == plan["install"]["root"]:
+        aspects.discard("presence")
+    return aspects
+
+
 def cases(plan: dict) -> dict[str, list[dict]]:
     """aspect -> the managed paths whose drift of that aspect a re-run restores."""
     return {aspect: [e for e in plan["managed"] if aspect in e["restores"]] for aspect in ASPECTS}
@@ -140,8 +153,14 @@ def test_the_cases_are_generated_from_the_plans_managed_paths(matrix):
     assert KINDS <= {e["kind"] for e in plan["managed"]}, sorted({e["kind"] for e in plan["managed"]})
     for aspect in ("mode", "owner", "group"):
         assert len(generated[aspect]) == len(plan["managed"]), aspect  # every path has these three
+    # per drift kind, the count the kinds of path ask for: a kind that shrinks fails here
+    wants = {aspect: sum(aspect in expected_restores(plan, e) for e in plan["managed"]) for aspect in ASPECTS}
     counted = {aspect: len(entries) for aspect, entries in generated.items()}
-    print(f"\ndrift cases from {len(plan['managed'])} managed paths: {counted}")
+    assert counted == wants, (counted, wants)
+    units = units_of(plan)
+    assert set(plan["roles"]["pd_services"]["timers"]) <= set(units) and plan["install"]["target"] in units
+    print(f"\ndrift cases from {len(plan['managed'])} managed paths: {counted}; units: {len(units)} x "
+          f"{len(UNIT_DRIFTS)} ({', '.join(UNIT_DRIFTS)}); the router's workers: {len(plan['cluster']['engines'])}")
 
 
 @pytest.mark.parametrize("aspect", ASPECTS)
@@ -192,8 +211,15 @@ def test_every_drift_of_one_aspect_is_restored_by_one_deploy(matrix, host, aspec
     assert set(workers(host)) == {e["url"] for e in plan["cluster"]["engines"].values()}
 
 
+# How a unit the roles enable drifts: each is planted on every unit in a run of its own
+# (a start reconciles the router's workers anyway; an unmask needs no enable).
+UNIT_DRIFTS = ("disabled", "stopped", "masked")
+
+
 def units_of(plan: dict) -> list[str]:
-    return [s["unit"] for s in plan["services"].values()] + [plan["install"]["target"]]
+    """Every unit the role enables and keeps running: the services, the probe's timer, the
+    target (the role's own list: plan.roles.pd_services.enable)."""
+    return plan["roles"]["pd_services"]["enable"]
 
 
 def test_disabled_units_and_workers_taken_out_of_the_router_are_restored(matrix, host):
@@ -227,6 +253,22 @@ def test_stopped_units_are_started(matrix, host):
     record = deploy(matrix["inventory"])
     print(f"\n{len(units)} units stopped: started again in {time.monotonic() - start:.1f} s")
     assert changed(record) > 0
+    assert [u for u in units if not host.service(u).is_running] == []
+    assert set(workers(host)) == {e["url"] for e in plan["cluster"]["engines"].values()}
+
+
+def test_masked_units_are_unmasked_and_started(matrix, host):
+    """A unit whose file is in /etc is masked for the running system (--runtime: systemctl
+    refuses a link over an existing file), stopped with it; one deploy gives it back."""
+    plan = matrix["plan"]
+    units = units_of(plan)
+    host.run_expect([0], "systemctl mask --runtime " + " ".join(units) + " && systemctl stop " + " ".join(units))
+    assert [u for u in units if host.check_output(f"systemctl is-enabled {u} || true") != "masked-runtime"] == []
+    start = time.monotonic()
+    record = deploy(matrix["inventory"])
+    print(f"\n{len(units)} units masked and stopped: restored in {time.monotonic() - start:.1f} s")
+    assert changed(record) > 0
+    assert [u for u in units if not host.service(u).is_enabled] == []
     assert [u for u in units if not host.service(u).is_running] == []
     assert set(workers(host)) == {e["url"] for e in plan["cluster"]["engines"].values()}
 
