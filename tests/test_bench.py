@@ -29,7 +29,7 @@ from pdnode.commands import bench, bench_report
 from pdnode.node import bench_counters
 from pdnode.commands.cli import main as pdnode_main
 from pdnode.verify.metrics import parse
-from standin.node import dp_attention_clear, free_ports
+from standin.node import free_ports, plan_accepts
 
 REPO = Path(__file__).resolve().parents[1]
 API_KEY = "sk-bench-3f9a1c77"  # the integration node's (a test value)
@@ -432,6 +432,11 @@ def _status(url: str) -> int:
 DECODE_PORT_INDEX, ROUTER_PORT_INDEX = 4, 5
 
 
+def bench_ports() -> list[int]:
+    """The ports of bench_node_variables, drawn as the plan checks them (the decode's DP range)."""
+    return free_ports(10, dp_attention_at=[DECODE_PORT_INDEX])
+
+
 def bench_node_variables(model: Path, root: Path, key_file: Path, ports: list[int]) -> dict[str, Any]:
     """The local node's inventory: 2 prefills and a decode with DP attention, on PORTS
     (p0, b0, p1, b1, d0, router, metrics, n0, n1, n2)."""
@@ -452,8 +457,10 @@ def bench_node_variables(model: Path, root: Path, key_file: Path, ports: list[in
 
 def test_the_test_nodes_port_draw_refuses_exactly_what_the_plan_refuses(tmp_path: Path) -> None:
     """free_ports redraws a set that build_plan would refuse (a decode's port+233..+239 on
-    another port, or past 65535). Its rule is a copy, so it is compared with the plan's own
-    verdict: every other port at every offset around the decode's range, and the top edge."""
+    another port, or past 65535). It runs the plan's port rule on the ports alone (the
+    DP-attention instances and plain listeners), so that view of the node is compared with
+    the whole plan's verdict: every other port at every offset around the decode's range,
+    and the top edge."""
     from pdnode.core.plan.build import PlanError, build_plan
 
     base = [20000 + 10 * i for i in range(10)]
@@ -474,7 +481,7 @@ def test_the_test_nodes_port_draw_refuses_exactly_what_the_plan_refuses(tmp_path
             accepted = True
         except PlanError:
             accepted = False
-        assert dp_attention_clear(ports, [DECODE_PORT_INDEX]) == accepted, ports
+        assert plan_accepts(ports, [DECODE_PORT_INDEX]) == accepted, ports
         verdicts[accepted] += 1
     assert verdicts[True] and verdicts[False]  # both verdicts were exercised
 
@@ -501,7 +508,7 @@ def local_node(tmp: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     inv = tmp / "inv"
     (inv / "group_vars" / "all").mkdir(parents=True)
     (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"benchnode": {"ansible_connection": "local"}}}}))
-    ports = free_ports(10, dp_attention_at=[DECODE_PORT_INDEX])
+    ports = bench_ports()
     (inv / "group_vars" / "all" / "node.yml").write_text(yaml.safe_dump(bench_node_variables(model, root, key_file, ports)))
     hv = load_inventory(str(inv), None)
     plan = build_plan(hv.variables, hv.host).as_dict()

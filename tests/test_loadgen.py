@@ -129,8 +129,47 @@ CASES = {  # id: (answer, stream, kind, status)
     "stream without content": (answer_with(200, chunk("") + chunk("", LENGTH) + protocol.SSE_DONE, SSE), True,
                                "no-content", 200),
     "stream without DONE": (answer_with(200, chunk("Paris") + chunk(" is", LENGTH), SSE), True, "no-done", 200),
-    "DONE alone": (answer_with(200, protocol.SSE_DONE, SSE), True, "no-finish", 200),
+    "DONE alone": (answer_with(200, protocol.SSE_DONE, SSE), True, "no-choices", 200),
 }
+
+
+# Answers that are empty in ways a truthy `choices` hides, each a failure of the same kind
+# whether it comes as the body or as the one chunk of a stream (loadgen.served() judges
+# both): id -> (the JSON object, kind).
+EMPTY_ANSWERS = {
+    "a choice with nothing in it": ({"choices": [{}]}, "no-finish"),
+    "choices a string": ({"choices": "x"}, "no-choices"),
+    "choices a list of strings": ({"choices": ["Paris"]}, "no-choices"),
+    "empty text, no finish_reason": ({"choices": [{"index": 0, "text": ""}]}, "no-finish"),
+    "empty text with a finish_reason": ({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+                                        "no-content"),
+    "text without a finish_reason": ({"choices": [{"index": 0, "text": "Paris", "finish_reason": None}]},
+                                     "no-finish"),
+    "a good choice beside an error": ({"choices": [{"text": "Paris", "finish_reason": "length"}], "error": "late"},
+                                      "error"),
+}
+
+
+@pytest.mark.parametrize("case", EMPTY_ANSWERS)
+def test_an_empty_answer_fails_alike_streamed_or_not(case):
+    doc, kind = EMPTY_ANSWERS[case]
+    body_kind, _ = loadgen.judge(json.dumps(doc).encode(), stream=False)
+    stream_kind, _ = loadgen.judge(protocol.sse(doc) + protocol.SSE_DONE, stream=True)
+    if kind == "error":  # the one difference: which form carried the error
+        assert (body_kind, stream_kind) == ("error-body", "error-chunk")
+    else:
+        assert body_kind == stream_kind == kind, (body_kind, stream_kind)
+
+
+def test_a_good_answer_passes_alike_streamed_or_not():
+    """What the empty answers lack, present: a text (completions' `text`, chat's
+    `message.content` or a stream's `delta.content`) and a finish_reason."""
+    for choice in ({"text": "Paris", "finish_reason": "length"},
+                   {"message": {"role": "assistant", "content": "Paris"}, "finish_reason": "stop"},
+                   {"delta": {"content": "Paris"}, "finish_reason": "stop"}):
+        doc = {"choices": [choice]}
+        assert loadgen.judge(json.dumps(doc).encode(), stream=False) == ("", "")
+        assert loadgen.judge(protocol.sse(doc) + protocol.SSE_DONE, stream=True) == ("", "")
 
 
 @pytest.mark.parametrize("case", CASES)

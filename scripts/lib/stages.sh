@@ -75,3 +75,49 @@ record_unreported() {  # record_unreported NAME...: a FAIL for each stage that n
       || record "$name" "FAIL " 0 "it never reported: its lane died before it"
   done
 }
+
+# The lanes at once: `lane N STAGE_FN` (scripts/test) runs lane N's stages one after the
+# other, each by STAGE_FN; each lane in a background shell of its own, its stages' output
+# in their logs. A lane that dies fails the run (its exit code), and so does each stage of
+# it that never reported (`lane N expect` lists what should have).
+run_lanes() {  # run_lanes N...: needs lane()
+  local n i=0 rc pids=() expected=()
+  for n in "$@"; do lane "$n" logged_stage & pids+=("$!"); done
+  for n in "$@"; do
+    rc=0; wait "${pids[$i]}" || rc=$?; i=$((i + 1))
+    [ "$rc" -eq 0 ] || record "lane $n" "FAIL " "$SECONDS" "the lane exited with code $rc"
+  done
+  expect() { expected+=("$1"); }
+  for n in "$@"; do lane "$n" expect; done
+  record_unreported "${expected[@]}"
+  if [ -f "$results_dir/failed-logs" ]; then
+    while read -r log; do
+      echo; echo "==== the end of ${log#"$root"/}"; tail -n 120 "$log"
+    done < "$results_dir/failed-logs"
+  fi
+}
+
+# The summary: every stage's line (in the order they ended), the counts, and (CI shows only
+# the last lines of the output) what each failed stage said last about why (Ansible's
+# fatal lines, pytest's failures), without colour codes: the last ones, since a check-mode
+# run prints fatal lines it then ignores. Its exit code is the run's: 0 only when no stage
+# (no lane) failed.
+summarize() {
+  local total failed log
+  echo; cat "$results_dir"/[0-9]*
+  total=$(cat "$results_dir"/[0-9]* | wc -l)
+  failed=$(cat "$results_dir"/[0-9]* | grep -c '^FAIL' || true)
+  echo "$((total - failed)) passed, $failed failed (${SECONDS} s)"
+  if [ -f "$results_dir/failed-logs" ]; then
+    while read -r log; do
+      echo "why ${log#"$root"/} failed (its last error lines):"
+      # error lines of a task that then says "...ignoring" (check mode on a fresh host) are dropped
+      sed 's/\x1b\[[0-9;]*m//g' "$log" | awk '
+        /TASK \[|RUNNING HANDLER/ { printf "%s", held; held = "" }
+        /\.\.\.ignoring/ { held = "" }
+        /fatal: |FAILED!|^E  |^FAILED |Error:|ERROR|Executed: Failed/ { held = held $0 "\n" }
+        END { printf "%s", held }' | tail -n 15 | cut -c1-400 || true
+    done < "$results_dir/failed-logs"
+  fi
+  [ "$failed" -eq 0 ]
+}

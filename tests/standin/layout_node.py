@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,15 @@ class LayoutNode:
         return out
 
 
+def layout_ports(services: Sequence[Mapping[str, Any]]) -> tuple[int, int, dict[str, tuple[int, int]]]:
+    """(router port, metrics port, {service id: (port, bootstrap port)}) for the plan's
+    engine SERVICES, drawn as the plan checks them: a service whose ServerArgs have DP
+    attention also binds port+233..+239."""
+    dp = [2 + 2 * k for k, svc in enumerate(services) if int(svc["args"].get("attn_dp_size") or 1) > 1]
+    ports = free_ports(2 + 2 * len(services), dp_attention_at=dp)
+    return ports[0], ports[1], {svc["id"]: (ports[2 + 2 * k], ports[3 + 2 * k]) for k, svc in enumerate(services)}
+
+
 @contextlib.contextmanager
 def layout_node(directory: Path, variables: Mapping[str, Any], env: Mapping[str, str] | None = None,
                 startup_timeout: float = 90.0) -> Iterator[LayoutNode]:
@@ -70,8 +79,7 @@ def layout_node(directory: Path, variables: Mapping[str, Any], env: Mapping[str,
     model_dir = directory / "model"
     model_dir.mkdir(exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
-    ports = free_ports(2 * len(services) + 2)
-    router_port, metrics_port = ports.pop(), ports.pop()
+    router_port, metrics_port, engine_ports = layout_ports(services)
     base_env = dict(os.environ)
     base_env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src")] + (
         [base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else []))
@@ -91,8 +99,8 @@ def layout_node(directory: Path, variables: Mapping[str, Any], env: Mapping[str,
         decode_argv: list[str] = []
         for svc in services:
             args = dict(svc["args"])
-            args.update(host="127.0.0.1", port=ports.pop(), model_path=str(model_dir))
-            boot = ports.pop()
+            port, boot = engine_ports[svc["id"]]
+            args.update(host="127.0.0.1", port=port, model_path=str(model_dir))
             if svc["role"] == "prefill":
                 args["disaggregation_bootstrap_port"] = boot
             path = directory / f"{svc['id']}.json"

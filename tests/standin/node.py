@@ -59,19 +59,51 @@ def free_ports(n: int, dp_attention_at: Sequence[int] = ()) -> list[int]:
 
     The ports at the indexes in DP_ATTENTION_AT go to instances with DP attention, which also
     bind port+233..+239: build_plan refuses a set where those hit another port, so such a
-    draw is drawn again (a random draw does that about once in 500 suites)."""
+    draw is drawn again (a random draw of a node's ports did that about once in 500 suites).
+    A helper that draws a node's ports names every such instance's index (the plan's view
+    of the node; tests/standin/test_port_draws.py builds the plan of 10,000 draws of each)."""
     for _ in range(50):
         got = _bind_free(n)
-        if dp_attention_clear(got, dp_attention_at):
+        if plan_accepts(got, dp_attention_at):
             return got
     raise NodeError(f"no {n} free ports without a DP-attention overlap in 50 draws")
 
 
-def dp_attention_clear(ports: Sequence[int], dp_attention_at: Sequence[int]) -> bool:
-    """Whether build_plan accepts PORTS where those at DP_ATTENTION_AT also bind port+233..+239
-    (a copy of the plan's rule for speed; tests/test_bench.py compares it with build_plan)."""
-    taken = {ports[i] + k for i in dp_attention_at for k in range(233, 240)}
-    return not taken & set(ports) and all(ports[i] + 239 <= 65535 for i in dp_attention_at)
+def plan_accepts(ports: Sequence[int], dp_attention_at: Sequence[int]) -> bool:
+    """Whether the plan's own port rule (pdnode.core.rules.ports.allocate, which build_plan
+    runs) accepts PORTS: those at DP_ATTENTION_AT as HTTP ports of instances with DP
+    attention, the others as plain listeners. The rule itself, not a copy of it: a copy
+    that missed the DP-attention range let a draw through that the plan then refused."""
+    from pdnode.core.rules.instances import Instance
+    from pdnode.core.rules.ports import allocate
+
+    class Refusals(list):  # the plan's collector, as much of it as allocate() uses
+        def error(self, *finding: Any) -> None:
+            self.append(finding)
+
+        def warn(self, *finding: Any) -> None:
+            pass  # a warning is no refusal
+
+    dp = set(dp_attention_at)
+    instances = [Instance(role="decode", index=k, name=str(k), gpus=[0, 1], tp_size=2, dp_size=1, attn_dp_size=2,
+                          ep_size=None, moe_dense_tp_size=None, enable_dp_lm_head=False, port=ports[i],
+                          bootstrap_port=None, nccl_port=None, mem_fraction_static=0.8)
+                 for k, i in enumerate(sorted(dp))]
+    listeners = {f"listener-{i}.port": (f"port {i}", port) for i, port in enumerate(ports) if i not in dp}
+    refusals = Refusals()
+    allocate(refusals, instances, listeners)
+    return not refusals
+
+
+def standin_node_ports(prefill_args: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """standin_node's five ports, drawn as the plan checks them: tests/verify/nodeplan.py's
+    plan_for() gives the decode DP attention (demo's layout), and the prefill has it when
+    PREFILL_ARGS set attn_dp_size above 1."""
+    names = ("prefill", "bootstrap", "decode", "router", "router_metrics")
+    dp = [names.index("decode")]
+    if int((prefill_args or {}).get("attn_dp_size", 1)) > 1:
+        dp.append(names.index("prefill"))
+    return dict(zip(names, free_ports(len(names), dp)))
 
 
 # Where the test nodes listen: below the kernel's ephemeral range, whose ports any
@@ -335,9 +367,9 @@ def standin_node(
         model_dir = root / "model"
         model_dir.mkdir(exist_ok=True)
         (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
-        p_port, boot_port, d_port, r_port, m_port = free_ports(5)
-        ports = {"prefill": p_port, "bootstrap": boot_port, "decode": d_port, "router": r_port,
-                 "router_metrics": m_port}
+        ports = standin_node_ports(prefill_args)
+        p_port, boot_port, d_port, r_port, m_port = (ports[k] for k in ("prefill", "bootstrap", "decode", "router",
+                                                                        "router_metrics"))
         common = {"host": "127.0.0.1", "model_path": str(model_dir), "served_model_name": served_model_name,
                   "enable_metrics": True}
         pargs = {**common, "port": p_port, "disaggregation_mode": "prefill",

@@ -84,6 +84,30 @@ def _layout(role: str, gpus: Sequence[int]) -> dict[str, Any]:
     return out
 
 
+def cluster_members(prefills: Sequence[Sequence[int]], decodes: Sequence[Sequence[int]],
+                    common: Mapping[str, Any]) -> tuple[dict[str, Member], int, int]:
+    """(members, router port, router metrics port) of a cluster, its ports drawn as the plan
+    checks them: an instance whose layout has DP attention (_layout) also binds
+    port+233..+239, and tests/verify/nodeplan.py's plan_for() builds the plan from them."""
+    layouts = [(role, i, list(gpus), _layout(role, gpus))
+               for role, groups in (("prefill", prefills), ("decode", decodes)) for i, gpus in enumerate(groups)]
+    at, dp = 0, []  # the index of each instance's port in the draw: a prefill's bootstrap port follows it
+    for role, _, _, layout in layouts:
+        if layout.get("attn_dp_size", 1) > 1:
+            dp.append(at)
+        at += 2 if role == "prefill" else 1
+    ports = iter(free_ports(at + 2, dp_attention_at=dp))
+    members: dict[str, Member] = {}
+    for role, i, gpus, layout in layouts:
+        m = Member(f"{role}-{i}", role, gpus, next(ports))
+        m.args = {**common, "port": m.port, "disaggregation_mode": role, **layout}
+        if role == "prefill":
+            m.bootstrap_port = next(ports)
+            m.args["disaggregation_bootstrap_port"] = m.bootstrap_port
+        members[m.id] = m
+    return members, next(ports), next(ports)
+
+
 @contextlib.contextmanager
 def standin_cluster(directory: str | os.PathLike[str], *, prefills: Sequence[Sequence[int]],
                     decodes: Sequence[Sequence[int]], served_model_name: str = "fake-model",
@@ -94,20 +118,9 @@ def standin_cluster(directory: str | os.PathLike[str], *, prefills: Sequence[Seq
     model_dir = root / "model"
     model_dir.mkdir(exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
-    ports = iter(free_ports(2 * len(prefills) + len(decodes) + 2, dp_attention_at=range(2 * len(prefills),
-                                                                               2 * len(prefills) + len(decodes))))
-    members: dict[str, Member] = {}
     common = {"host": "127.0.0.1", "model_path": str(model_dir), "served_model_name": served_model_name,
               "enable_metrics": True}
-    for role, groups in (("prefill", prefills), ("decode", decodes)):
-        for i, gpus in enumerate(groups):
-            m = Member(f"{role}-{i}", role, list(gpus), next(ports))
-            m.args = {**common, "port": m.port, "disaggregation_mode": role, **_layout(role, gpus)}
-            if role == "prefill":
-                m.bootstrap_port = next(ports)
-                m.args["disaggregation_bootstrap_port"] = m.bootstrap_port
-            members[m.id] = m
-    r_port, m_port = next(ports), next(ports)
+    members, r_port, m_port = cluster_members(prefills, decodes, common)
     key_args: list[str] = []
     if api_key:
         (root / "api_key").write_text(api_key + "\n")

@@ -12,6 +12,8 @@ in step with build_plan's output.
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def demo_variables() -> dict[str, Any]:
+    return copy.deepcopy(_demo_variables())  # a copy: callers change it
+
+
+@functools.cache
+def _demo_variables() -> dict[str, Any]:
+    """Read once: tests/standin/test_port_draws.py builds hundreds of plans with them."""
     out: dict[str, Any] = {}
     for f in sorted((REPO / "inventories/demo/group_vars/all").glob("*.yml")):
         out.update({k: v for k, v in (yaml.safe_load(f.read_text()) or {}).items() if k.startswith("pdnode_")})

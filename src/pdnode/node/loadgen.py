@@ -5,11 +5,11 @@ of the molecule scenarios' changes under load) and by the zero-drop tests in pro
 (tests/verify/test_drain.py). Stdlib only, Python >= 3.9, no import of the rest of
 pdnode: it is copied to hosts beside upgrade_probe.py and run by their python3.
 
-A request succeeds only when the answer is HTTP 200 and
-- without streaming: a JSON object with a non-empty `choices` and no `error`;
-- streaming: SSE `data:` chunks, each a JSON object, none carrying `error`, at least one
-  with text (`text` or `delta.content`), at least one with a `finish_reason`, and
-  `data: [DONE]`.
+A request succeeds only when the answer is HTTP 200 and its JSON objects (the body
+without streaming; streaming: the SSE `data:` chunks up to `data: [DONE]`, each a JSON
+object) pass one judge, served(), whatever the form: none carries `error`, a choice has
+text (`text`, `delta.content` or `message.content`) and a choice has a `finish_reason`.
+A truthy `choices` is not an answer: `{"choices": [{}]}` has neither.
 Ending with `[DONE]` is not enough: SGLang (and the stand-in) answers a bootstrap or KV
 transfer failure after admission with HTTP 200, an SSE chunk carrying `error`, then
 `[DONE]`. Every other answer is a failure of one kind (KINDS).
@@ -41,12 +41,12 @@ KINDS = {
     "connection": "refused, reset or broken before the whole answer arrived",
     "timeout": "no answer, or a stalled one, within the request's timeout",
     "error-body": "a non-stream body carrying `error`",
-    "no-choices": "a non-stream body that is not a JSON object with `choices`",
+    "no-choices": "a body that is not a JSON object, or an answer without any choice (an object in a list `choices`)",
     "error-chunk": "a stream chunk carrying `error` (SGLang's failure after admission)",
     "bad-chunk": "a stream `data:` line that is not a JSON object",
     "no-done": "a stream without `data: [DONE]` (cut)",
-    "no-finish": "a stream without any `finish_reason`",
-    "no-content": "a stream without any text",
+    "no-finish": "an answer whose choices have no `finish_reason`",
+    "no-content": "an answer whose choices have no text",
 }
 MAX_SAMPLES = 10  # failures kept with their detail: the first ones
 MAX_OUTAGES = 20
@@ -75,7 +75,8 @@ def _snippet(data: Any, tail: bool = False) -> str:
 
 
 def judge(body: bytes, stream: bool) -> tuple[str, str]:
-    """(kind, detail) of a 200's body: kind "" when it is a success."""
+    """(kind, detail) of a 200's body: kind "" when it is a success. Each form is only
+    unpacked here into its JSON objects; served() judges them, the same for both."""
     if not stream:
         try:
             doc = json.loads(body)
@@ -83,39 +84,51 @@ def judge(body: bytes, stream: bool) -> tuple[str, str]:
             return "no-choices", "not JSON: " + _snippet(body)
         if not isinstance(doc, dict):
             return "no-choices", "not a JSON object: " + _snippet(body)
-        if doc.get("error") is not None:
-            return "error-body", _snippet(json.dumps(doc["error"]))
-        if not doc.get("choices"):
-            return "no-choices", _snippet(body)
-        return "", ""
-    content = finish = done = False
+        return served([doc], "error-body", _snippet(body))
+    chunks: list[dict[str, Any]] = []
     for line in body.splitlines():
         if not line.startswith(b"data:"):
             continue  # SSE comments, blank separators, other fields
         payload = line[5:].strip()
         if payload == b"[DONE]":
-            done = True
-            break
+            return served(chunks, "error-chunk", _snippet(body, tail=True))
         try:
             chunk = json.loads(payload)
         except ValueError:
             return "bad-chunk", _snippet(payload)
         if not isinstance(chunk, dict):
             return "bad-chunk", _snippet(payload)
-        if chunk.get("error") is not None:
-            return "error-chunk", _snippet(json.dumps(chunk["error"]))
-        for choice in chunk.get("choices") or []:
-            if isinstance(choice, dict):
-                delta = choice.get("delta")
-                content = content or bool(choice.get("text")) or (
-                    isinstance(delta, dict) and bool(delta.get("content")))
-                finish = finish or bool(choice.get("finish_reason"))
-    if not done:
-        return "no-done", _snippet(body, tail=True)
+        chunks.append(chunk)
+    # cut before [DONE]; an error it carried is still the better diagnosis
+    kind, detail = served(chunks, "error-chunk", "")
+    return (kind, detail) if kind == "error-chunk" else ("no-done", _snippet(body, tail=True))
+
+
+def served(docs: list[dict[str, Any]], error_kind: str, detail: str) -> tuple[str, str]:
+    """The one judge of an answer, streamed (DOCS: its chunks) or not (DOCS: the body):
+    ("", "") when no object carries `error`, a choice has text and a choice has a
+    `finish_reason`; else the first missing thing's kind (ERROR_KIND for an error) and
+    DETAIL (an error's own text instead). A choice is an object in a list `choices`:
+    `{"choices": "x"}` or `[{}]` is no answer, nor is a choice with empty text."""
+    seen = content = finish = False
+    for doc in docs:
+        if doc.get("error") is not None:
+            return error_kind, _snippet(json.dumps(doc["error"]))
+        choices = doc.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict):
+                continue
+            seen = True
+            delta, message = choice.get("delta"), choice.get("message")
+            content = content or bool(choice.get("text")) or any(
+                isinstance(part, dict) and bool(part.get("content")) for part in (delta, message))
+            finish = finish or bool(choice.get("finish_reason"))
+    if not seen:
+        return "no-choices", detail
     if not finish:
-        return "no-finish", _snippet(body, tail=True)
+        return "no-finish", detail
     if not content:
-        return "no-content", _snippet(body, tail=True)
+        return "no-content", detail
     return "", ""
 
 
