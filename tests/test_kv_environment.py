@@ -77,6 +77,8 @@ FLAGGED = [
     ("MC_IB_PORT", 1, "tcp", WARN),
     ("MC_RDMA_BIND_ADDRESS", "10.20.0.11", "nvlink", WARN),
     ("MC_TE_FILTERS", "mlx5_9", "pair", AGAINST),        # no mapped NIC left: a silent fall-back to TCP
+    # one GPU starved is enough: its engine falls back to TCP while the others keep RDMA
+    ("MC_TE_FILTERS", "mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6", "pair", AGAINST),
     ("MC_TE_FILTERS", "mlx5_0,mlx5_1", "rdma-nomap", WARN),
     ("MC_TE_FILTERS", "mlx5_0", "nvlink", WARN),
     ("MC_CUSTOM_TOPO_JSON", "/etc/mooncake/topo.json", "pair", AGAINST),
@@ -149,6 +151,19 @@ def test_a_variable_against_the_path_is_refused_or_warned_in_one_line(name, valu
     # the field, the value, the plan's path or its own setting, and a fix
     assert line.startswith(f"pdnode_engine_environment.{name}=") and ". Fix: " in line, line
     assert BY_ID[rule].severity == ("warning" if rule == WARN else "error")
+
+
+@pytest.mark.parametrize("starved", [[7], [0], [3, 5]])
+def test_a_nic_filter_that_starves_one_gpu_is_refused_naming_that_gpu_only(starved):
+    """Field failure 7c: an MC_TE_FILTERS that keeps every GPU's NIC but one is refused, naming
+    the GPUs left without one (not only a filter that starves them all)."""
+    nics = variables("gpu01")["pdnode_ib_devices"]  # the same map on both of gpu-pair's hosts
+    kept = ",".join(str(nic) for gpu, nic in sorted(nics.items()) if gpu not in starved)
+    found = _findings("pair", {"MC_TE_FILTERS": kept})
+    assert [r for r, _ in found] == [AGAINST], found
+    assert f"leaves GPUs {starved} none of their pdnode_ib_devices NICs" in found[0][1], found
+    everyone = ",".join(str(nic) for nic in nics.values())
+    assert [r for r, _ in _findings("pair", {"MC_TE_FILTERS": everyone})] == [WARN]
 
 
 @pytest.mark.parametrize(("name", "value", "layout"), ACCEPTED, ids=[f"{n}={v}@{lay}" for n, v, lay in ACCEPTED])

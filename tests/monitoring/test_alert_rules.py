@@ -339,6 +339,29 @@ def test_a_rule_that_cannot_fire_fails_promtool(tmp_path):
     assert done.returncode != 0 and "FAILED" in done.stdout + done.stderr, done.stdout + done.stderr
 
 
+# The alerts docs/field-failures.md claims (rows 2, 4, 11, 17): each one broken.
+CATALOGUED_ALERTS = ("PdWorkerFailing", "PdPairFailing", "PdTransferFailures", "PdRouterWorkersMissing",
+                     "PdServiceRestarting")
+
+
+@pytest.mark.parametrize("alert", CATALOGUED_ALERTS)
+def test_a_catalogued_alert_that_never_fires_fails_its_promtool_cases(alert, tmp_path):
+    """The catalogue's alert removed (its expression one that never fires): the cases that
+    prove it fire now fail in promtool, so the row's claim rests on this rule."""
+    plan = plan_of("demo")
+    rendered = rules_of(plan)
+    broken = [r for g in rendered["groups"] for r in g["rules"] if r.get("alert") == alert]
+    assert len(broken) == 1, f"{alert}: not one rule of that name"
+    broken[0]["expr"] = "vector(0) > 1"
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rendered))
+    rules = all_rules(rendered)
+    own = [c for c in cases(plan, rules) if c["alert"] == alert]
+    assert any(fired for c in own for _, fired in c["evals"]), f"{alert}: no case where it fires"
+    (tmp_path / "alerts.test.yml").write_text(yaml.safe_dump(promtool_tests(own, rules, "rules.yml")))
+    done = run("test", "rules", "alerts.test.yml", cwd=tmp_path)
+    assert done.returncode != 0 and "FAILED" in done.stdout + done.stderr, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("inventory", INVENTORIES)
 def test_every_alert_has_for_severity_instance_and_an_existing_runbook_section(inventory):
     rules = all_rules(rules_of(plan_of(inventory)))

@@ -27,27 +27,20 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import time
 
 import pytest
+from drift_cases import ASPECTS, cases, drift_command, drifted, expected_restores
 from test_fast_path_deploy import admin, changed, deploy, workers
 
 pytestmark = pytest.mark.repair  # scenario repair runs these (molecule/repair)
 
 CONTAINER = os.environ.get("PDNODE_TEST_CONTAINER", "pdnode-mol-node")
 PLAN_TASK = "Compute and validate the plan (once per run)"
-# The aspects in the order the batches run: presence last, since removing the admin key
-# makes a new one (and restarts the router, whose record then changes).
-ASPECTS = ("content", "mode", "owner", "group", "presence")
 # The kinds of path the roles write (the issue's list: files, directories, secrets, units,
 # drop-ins, environment files, ServerArgs files; and the venvs' markers, the records of
 # what each service was started with): each must be among the generated cases.
 KINDS = {"directory", "config", "env", "unit", "drop-in", "secret", "record", "marker"}
-# Another owner and group for each (both exist on every Debian host: base-passwd).
-OTHER_OWNER = {"root": "nobody"}
-OTHER_GROUP = {"root": "nogroup"}
-
 # lstat, names and content digest of every path, read in the container (as root).
 SNAPSHOT = r"""
 import grp, hashlib, json, os, pwd, stat, sys
@@ -84,48 +77,8 @@ def plan_of(record: dict) -> dict:
     raise AssertionError(f"no {PLAN_TASK!r} result in the deploy's record")
 
 
-def expected_restores(plan: dict, entry: dict) -> set[str]:
-    """What a re-run must restore of ENTRY, from its kind (written here, not read from the
-    plan's `restores`, so that a path dropped from a kind's cases fails instead of shrinking
-    the matrix): every aspect, but a directory has no content, the admin key's content is
-    made on the host, and the install root is not removed (that is a reinstall)."""
-    aspects = set(ASPECTS)
-    if entry["kind"] == "directory" or entry["path"] == plan["install"]["admin_key_path"]:
-        aspects.discard("content")
-    if entry["path"] == plan["install"]["root"]:
-        aspects.discard("presence")
-    return aspects
-
-
-def cases(plan: dict) -> dict[str, list[dict]]:
-    """aspect -> the managed paths whose drift of that aspect a re-run restores."""
-    return {aspect: [e for e in plan["managed"] if aspect in e["restores"]] for aspect in ASPECTS}
-
-
 def snapshot(host, paths: list[str]) -> dict[str, dict | None]:
     return json.loads(host.check_output("python3 -c %s %s", SNAPSHOT, json.dumps(paths)))
-
-
-def drift_command(aspect: str, entry: dict) -> str:
-    path = shlex.quote(entry["path"])
-    if aspect == "content":
-        return f"printf '# changed by hand\\n' >> {path}"
-    if aspect == "mode":  # others may read it (or no longer may): the drift a secret fears most
-        return f"chmod {int(entry['mode'], 8) ^ 0o004:04o} {path}"
-    if aspect == "owner":
-        return f"chown {OTHER_OWNER.get(entry['owner'], 'root')} {path}"
-    if aspect == "group":
-        return f"chgrp {OTHER_GROUP.get(entry['group'], 'root')} {path}"
-    return f"rm -rf {path}"
-
-
-def drifted(aspect: str, entry: dict, before: dict, now: dict | None) -> bool:
-    """Whether the planted drift shows on the host (a case that changed nothing proves nothing)."""
-    if aspect == "presence":
-        return now is None
-    if aspect == "content":
-        return now is not None and now.get("sha256") != before["sha256"]
-    return now is not None and now[aspect] != entry[aspect]
 
 
 @pytest.fixture(scope="module")
