@@ -335,13 +335,3 @@ def test_the_deploys_key_file_is_readable_and_not_empty(tmp_path):
     line = deploy_key_file_problem(str(tmp_path / "absent"))
     assert line.startswith(f'pdnode_api_key_file (pd_services_api_key_file) is "{tmp_path}/absent"')
     assert "\n" not in line and 'fix: write the key into that file' in line
-
-
-@pytest.mark.parametrize("answer, kinds", [("masked", ["not_enabled", "masked"]),
-                                           ("masked-runtime", ["not_enabled", "masked_runtime"]),
-                                           ("disabled", ["not_enabled"]), ("enabled", [])])
-def test_a_masked_unit_is_named_for_its_unmask(answer, kinds):
-    found = STATE_MODULE.unit_drift([{"name": "a.service", "enabled": True, "active": False}],
-                                    {"a.service": {"enabled": answer, "active": "inactive"}})
-    assert [k for k, _, _ in found] == kinds
-    assert set(kinds) <= set(STATE_MODULE.DIFFER_KINDS)

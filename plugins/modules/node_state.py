@@ -116,8 +116,8 @@ RETURN = r"""
 drift: {description: One line per way the host differs (for people); empty when it is as asked., type: list, returned: always}
 differs:
   description:
-    - What differs, by kind (files, directories, groups, users, packages, not_enabled, masked,
-      masked_runtime, not_active, http, commands), each the names (paths, units, ...) in the order asked; every kind is present, empty when nothing
+    - What differs, by kind (files, directories, groups, users, packages, not_enabled, not_active, http,
+      commands), each the names (paths, units, ...) in the order asked; every kind is present, empty when nothing
       of it differs. What a role branches on; RV(drift) says how each differs.
   type: dict
   returned: always
@@ -142,10 +142,8 @@ import urllib.request
 from ansible.module_utils.basic import AnsibleModule
 
 # RV(differs)'s keys: what differs, by kind, each a list of names (paths, units, users, ...)
-DIFFER_KINDS = ("files", "directories", "groups", "users", "packages", "not_enabled", "masked", "masked_runtime",
-                "not_active", "http", "commands")
-# systemctl is-enabled's answers for a masked unit -> the kind it is reported under
-MASKED = {"masked": "masked", "masked-runtime": "masked_runtime"}
+DIFFER_KINDS = ("files", "directories", "groups", "users", "packages", "not_enabled", "not_active", "http",
+                "commands")
 
 
 def owner_drift(kind: str, path: str, st: os.stat_result, want: dict) -> list[str]:
@@ -223,10 +221,6 @@ def unit_drift(units: list[dict], states: dict) -> list[tuple[str, str, str]]:
         got = states[unit["name"]]
         if unit["enabled"] and got["enabled"] != "enabled":
             lines.append(("not_enabled", unit["name"], f"unit {unit['name']}: {got['enabled']}, wants enabled"))
-        # masked (a link to /dev/null in /etc) or masked-runtime (in /run): enable refuses it
-        # until it is unmasked, with --runtime for the second
-        if got["enabled"] in MASKED:
-            lines.append((MASKED[got["enabled"]], unit["name"], f"unit {unit['name']}: {got['enabled']}, wants unmasked"))
         if unit["active"] and got["active"] != "active":
             lines.append(("not_active", unit["name"], f"unit {unit['name']}: {got['active']}, wants active"))
     return lines
