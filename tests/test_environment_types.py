@@ -90,6 +90,34 @@ def test_parsing_follows_each_library():
     assert [(n, v) for n, v in bad if environment_types.parses(n, v)] == []
 
 
+def test_the_refusal_says_what_the_library_takes_and_why_this_value_is_not_it():
+    """problem(): a boolean's refusal lists the words its library takes; a number out of
+    its range is said to be out of range, anything else (a float for an integer, a number
+    for a boolean) not to be one, with what the library does with it (the variable's own
+    failure where the table names one)."""
+    def why(name, value):
+        found = environment_types.problem(name, value)
+        assert found is not None, (name, value)
+        return found[0]
+
+    words = "(true, 1, yes, y / false, 0, no, n, in any case)"
+    sglang = environment_types.ON_FAILURE["SGLang"]
+    assert why("SGLANG_MOONCAKE_SEND_AUX_TCP", "maybe").endswith(
+        f"true or false {words}: 'maybe' is not one, and {sglang} (sglang/srt/environ.py Envs, EnvBool)"), \
+        why("SGLANG_MOONCAKE_SEND_AUX_TCP", "maybe")
+    assert f"{words}: '2' is not one, and {sglang}" in why("SGLANG_MOONCAKE_SEND_AUX_TCP", 2)
+    assert "in any case" not in why("MC_GID_INDEX", "three")
+    mooncake, nccl = environment_types.ON_FAILURE["Mooncake"], environment_types.ON_FAILURE["NCCL"]
+    assert f": 'three' is not one, and {mooncake} (" in why("MC_GID_INDEX", "three")
+    assert ": '0' is out of that range: Mooncake does not use it as written (" in why("MC_IB_PORT", 0)
+    assert f": '1.5' is not one, and {nccl} (" in why("NCCL_IB_TIMEOUT", 1.5)
+    assert ": '1.5' is out of that range: SGLang does not use it as written (" in \
+        why("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 1.5)
+    own = TYPES["SGLANG_HEALTH_CHECK_TIMEOUT"].failure
+    assert own and f": '20s' is not one, and {own} (" in why("SGLANG_HEALTH_CHECK_TIMEOUT", "20s")
+    assert environment_types.problem("MC_IB_PORT", 1) is None
+
+
 def test_a_presence_switch_written_as_off_is_a_warning_where_nothing_else_judges_it():
     """Mooncake tests MC_FORCE_TCP for presence: on the TCP path (no contradiction) "0"
     is a warning of its own; where the path judges the variable, that one line only."""

@@ -153,6 +153,30 @@ def test_a_variable_against_the_path_is_refused_or_warned_in_one_line(name, valu
     assert BY_ID[rule].severity == ("warning" if rule == WARN else "error")
 
 
+def test_each_verdict_says_why_for_its_path_and_gives_that_paths_fix():
+    """kv_path.judge_environment's words differ by path and by hosts where the fix does:
+    what to remove, what chose first, what each host count breaks."""
+    def one(name, value, path, multi_host=False):
+        [found] = kv_path.judge_environment({name: value}, path, multi_host, {})
+        return found
+
+    tcp_fix = "remove it; for TCP set pdnode_transfer_backend: mooncake_tcp"
+    assert one("MC_FORCE_TCP", "1", "nvlink").fix == tcp_fix + " and pdnode_kv_intranode_nvlink: false"
+    assert one("MC_FORCE_TCP", "1", "rdma").fix == tcp_fix
+    nvlink_fix = "remove it; for NVLink keep every instance on one host with pdnode_kv_intranode_nvlink: true"
+    tcp, over_hosts, one_host = (one("MC_INTRANODE_NVLINK", "1", "tcp"), one("MC_INTRANODE_NVLINK", "1", "rdma", True),
+                                 one("MC_INTRANODE_NVLINK", "1", "rdma"))
+    assert tcp.why.startswith("asks for Mooncake's intra-node NVLink transport") and tcp.fix == nvlink_fix, tcp
+    assert "every hand-off between the layout's hosts fails" in over_hosts.why and over_hosts.fix == "remove it"
+    assert one_host.why.endswith("(pdnode_kv_intranode_nvlink: false)") and one_host.fix == nvlink_fix, one_host
+    assert "SGLang's PR 17866" in one("MC_FORCE_MNNVL", "1", "nvlink").why
+    assert "SGLang's PR 17866" not in one("MC_FORCE_MNNVL", "1", "rdma").why
+    assert one("MC_FORCE_HCA", "1", "nvlink").why.startswith("MC_INTRANODE_NVLINK (the plan's) is chosen before it")
+    assert one("MC_FORCE_HCA", "1", "tcp").why.startswith("MC_FORCE_TCP (SGLang's for mooncake_tcp) is chosen before")
+    assert one("HOST_IP", "10.0.0.1", "rdma", True).why.startswith("SGLang reads it only without SGLANG_HOST_IP")
+    assert one("HOST_IP", "10.0.0.1", "rdma").why.startswith("the engines advertise this address")
+
+
 @pytest.mark.parametrize("starved", [[7], [0], [3, 5]])
 def test_a_nic_filter_that_starves_one_gpu_is_refused_naming_that_gpu_only(starved):
     """Field failure 7c: an MC_TE_FILTERS that keeps every GPU's NIC but one is refused, naming

@@ -11,6 +11,7 @@ import pytest
 from planvars import ROOT, changed, variables
 
 from pdnode.core.inventory.read import inventory_variables
+from pdnode.core.plan import kv_path
 from pdnode.core.plan.build import build_plan
 
 NVLINK_ENV = {"MC_INTRANODE_NVLINK": "1", "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": "INTRA_NODE_NVLINK"}
@@ -75,6 +76,24 @@ def test_nixl_keeps_its_backend():
     assert plan.cluster["kv"]["path"] == "nixl"
     assert {s["args"]["disaggregation_transfer_backend"] for s in plan.engines()} == {"nixl"}
     assert all("MC_FORCE_HCA" not in env for env in _engines_env(plan))
+
+
+@pytest.mark.parametrize(("backend", "multi_host", "nvlink", "why"), [
+    ("nixl", False, True, "pdnode_transfer_backend: nixl (UCX chooses its transport)"),
+    ("nixl", False, False, "pdnode_transfer_backend: nixl (UCX chooses its transport)"),
+    ("nixl", True, True, "pdnode_transfer_backend: nixl (UCX chooses its transport)"),
+    ("mooncake", True, False, "RDMA over the NICs Mooncake finds"),
+    ("mooncake", False, False, "RDMA over the NICs Mooncake finds (pdnode_kv_intranode_nvlink: false)"),
+    ("mooncake_tcp", False, False, "pdnode_transfer_backend: mooncake_tcp (no RDMA NICs) (pdnode_kv_intranode_nvlink: "
+                                   "false)"),
+])
+def test_the_paths_reason_names_nvlink_only_where_mooncake_could_have_taken_it(backend, multi_host, nvlink, why):
+    """kv_path.choose's `why` (what `explain` prints): "not NVLink" only for Mooncake over
+    hosts with NVLink on, "(pdnode_kv_intranode_nvlink: false)" only for Mooncake on one
+    host with it off; nixl never names Mooncake's NVLink switch."""
+    chosen = kv_path.choose({"pdnode_transfer_backend": backend, "pdnode_kv_intranode_nvlink": nvlink},
+                            multi_host, nic_map=False)
+    assert chosen["why"] == why
 
 
 def test_the_stand_in_node_paces_its_loopback_bytes_to_the_paths_speed():

@@ -439,3 +439,85 @@ def test_with_several_clients_a_stalled_request_fails_the_request_bound():
     assert r["failed"] == 0 and r["longest_request_s"] >= 2.0
     found = loadgen.zero_drop_problems(r, min_requests=5, max_gap_s=10.0, max_request_s=1.0)
     assert found == [f"a request took {r['longest_request_s']} s, over the bound of 1 s {bound_why(r, 1.0)}"]
+
+
+# --- what the mutants of scripts/mutate found unguarded (issue 46, item 2) ---------------
+
+def test_a_stream_without_a_space_after_data_is_read_alike():
+    """SSE allows `data:{...}` as well as `data: {...}`: both streams are one success."""
+    chunk = {"choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}
+    for sep in (b"data:", b"data: "):
+        body = sep + json.dumps(chunk).encode() + b"\n\n" + sep + b"[DONE]\n\n"
+        assert loadgen.judge(body, stream=True) == ("", ""), body
+
+
+def test_a_choice_that_is_no_object_is_passed_over_not_the_end_of_the_choices():
+    answer = {"choices": ["junk", 3, {"index": 0, "text": "hi", "finish_reason": "stop"}]}
+    assert loadgen.served([answer], "error-body", "") == ("", "")
+    assert loadgen.served([{"choices": ["junk"]}], "error-body", "d") == ("no-choices", "d")
+
+
+def test_tally_reports_times_to_the_millisecond():
+    t = loadgen.Tally(0.0)
+    t.record(2.34567, OK, 1.23456)
+    t.record(10.0, OK, 0.5)
+    r = t.result(10.5)
+    assert r["longest_gap_s"] == round(10.0 - 2.34567, 3) == 7.654
+    assert r["longest_gap_at_s"] == 2.346
+    assert r["longest_request_s"] == 1.235
+
+
+def test_tally_a_success_recorded_without_its_duration_took_no_time():
+    t = loadgen.Tally(0.0, change_at=1.0)
+    for i in range(5):
+        t.record(0.1 * (i + 1), OK)
+    r = t.result(1.5)
+    assert r["pace"]["requests_before"] == 5 and r["pace"]["median_request_s"] == 0.0
+    assert r["longest_request_s"] == 0.0
+
+
+def test_tally_keeps_at_most_its_pace_samples():
+    t = loadgen.Tally(0.0, change_at=1e9)
+    for i in range(loadgen.MAX_PACE_SAMPLES + 50):
+        t.record(i * 1e-3, OK, 0.01)
+    assert t.result(1e4)["pace"]["requests_before"] == loadgen.MAX_PACE_SAMPLES
+
+
+def test_zero_drop_a_stretch_or_a_request_at_its_bound_is_no_stall():
+    r = tally_result(30)
+    at_bound = {**r, "longest_gap_s": 1.0, "longest_request_s": 1.0}
+    assert problems(at_bound) == []
+    assert len(problems({**r, "longest_gap_s": 1.001, "longest_request_s": 1.001})) == 2
+
+
+def test_tally_times_count_from_the_loads_start():
+    t = loadgen.Tally(100.0, wall=5000.12345)
+    t.record(100.54321, fail(503))
+    r = t.result(101.23456)
+    assert r["duration_s"] == 1.235 and r["started_at"] == 5000.123
+    assert [f["t_s"] for f in r["first_failures"]] == [0.543]
+
+
+def test_a_stream_that_ends_without_a_finish_is_shown_by_its_end():
+    """The detail of a stream judged at [DONE] is the stream's tail, where it stopped."""
+    chunk = b"data: " + json.dumps({"choices": [{"index": 0, "text": "word "}]}).encode() + b"\n\n"
+    body = chunk * 20 + b"data: [DONE]\n\n"
+    assert len(body) > 2 * loadgen.DETAIL_CHARS
+    assert loadgen.judge(body, stream=True) == ("no-finish", body.decode()[-loadgen.DETAIL_CHARS:])
+
+
+def test_a_body_or_a_cut_stream_that_is_no_answer_names_what_it_was():
+    assert loadgen.judge(b"[1, 2]", stream=False) == ("no-choices", "not a JSON object: [1, 2]")
+    chunk = b"data: " + json.dumps({"choices": [{"index": 0, "text": "word "}]}).encode() + b"\n\n"
+    cut = chunk * 20
+    assert loadgen.judge(cut, stream=True) == ("no-done", cut.decode()[-loadgen.DETAIL_CHARS:])
+
+
+def test_zero_drop_counts_and_bounds_at_their_edges():
+    assert problems(tally_result(20)) == []  # exactly the floor of requests is enough
+    r = tally_result(30, failed=("no-done", "no-finish", "status", "connection"))
+    assert problems(r)[0].endswith(f"the first: {r['first_failures'][:3]}"), problems(r)
+    # the pace unknown: the bound is the floor alone, however small
+    unknown = {**tally_result(30, change_at=None), "longest_gap_s": 0.8}
+    found = loadgen.zero_drop_problems(unknown, min_requests=20, max_gap_s=0.5, max_request_s=0.5)
+    assert any("over the bound of 0.5 s (the pace before the change unknown: 0.5 s)" in p for p in found), found

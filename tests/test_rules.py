@@ -357,3 +357,47 @@ def test_check_json_warnings(capsys, tmp_path):
     assert rc == 0 and got["ok"] is True and got["problems"] == []
     assert [(w["rule"], w["severity"], w["value"]) for w in got["warnings"]] == [
         ("router-metrics-loopback", "warning", "0.0.0.0")]
+
+
+def test_a_system_directory_is_refused_and_a_directory_of_its_own_is_not():
+    """values.system_directory, the judge of every directory pdnode chowns or writes into:
+    each tree and each named directory under /etc and /var/lib, a home and its dot
+    directories are the system's; what lies beside them is the deploy's own."""
+    from pdnode.core.rules.values import system_directory
+
+    system = ["/", "/pdnode", "/etc", "/var/lib", "/srv", "/usr", "/usr/local/bin", "/var/log/pdnode", "/etc/ssh",
+              "/etc/systemd/system", "/etc/docker", "/etc/hosts", "/etc/cron.custom", "/etc/ssh_extra", "/var/lib/docker", "/var/lib/docker/x",
+              "/home/alice", "/home/alice/.ssh", "/home/alice/.config/x"]
+    own = ["/etc/pdnode", "/etc/pdnode/keys", "/var/lib/pdnode", "/var/lib/pdnode/cache", "/home/alice/models",
+           "/srv/ssh", "/srv/pdnode", "/opt/pdnode", "/data/models", "/var/spooler", "/var/logs"]
+    assert [p for p in system if not system_directory(p)] == []
+    assert [p for p in own if system_directory(p)] == []
+
+
+@pytest.mark.parametrize("bad", ["a\nb", float("nan")], ids=["control", "nan"])
+def test_the_backstop_finds_a_bad_value_inside_a_list_once_per_variable(bad):
+    """values.backstop walks lists as well as dicts, and names a variable once however
+    many of its values are bad."""
+    from pdnode.core.rules.values import backstop
+
+    errors = []
+    raw = {"pdnode_a": ["fine", {"k": [bad, bad]}, bad], "pdnode_b": ["fine", 1.5], "pdnode_c": bad}
+    hit = backstop(raw, ["pdnode_a", "pdnode_b", "pdnode_c", "pdnode_absent"],
+                   lambda rule, path, value, why, fix: errors.append((rule, path)))
+    rule = "value-control-character" if isinstance(bad, str) else "value-finite"
+    assert hit == {"pdnode_a", "pdnode_c"}
+    assert errors == [(rule, "pdnode_a[1].k[0]"), (rule, "pdnode_c")], errors
+
+
+def test_a_secret_is_named_by_its_words_and_where_it_lies_is_no_secret():
+    """values.is_secret_name (extra args that would put a secret on the command line) and
+    safe_name (a variable path as a message prints it)."""
+    from pdnode.core.rules.values import is_secret_name, safe_name
+
+    secret = ["api_key", "admin-key", "hf_token", "db_password", "MyPassword", "ssl_keyfile_password"]
+    where = ["api_key_file", "admin_key_path", "secrets_dir", "ssl_keyfile", "model_path", "tp_size"]
+    assert [n for n in secret if not is_secret_name(n)] == []
+    assert [n for n in where if is_secret_name(n)] == []
+    assert safe_name("pdnode_engine_environment.MC_IB_PORT") == "pdnode_engine_environment.MC_IB_PORT"
+    assert safe_name("pdnode_x[0]") == "pdnode_x[0]"
+    assert safe_name("a b\n") == repr("a b\n")

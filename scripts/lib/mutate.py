@@ -8,7 +8,7 @@ version, the counts, and every surviving mutant with the test that now kills it 
 one-line reason it is not a fault (scripts/lib/mutate.toml, [explained]). A survivor with
 neither is written as UNEXPLAINED and the run exits 1.
 
-    scripts/mutate                  every module of scripts/lib/mutate.toml
+    scripts/mutate                  every module of scripts/lib/mutate.toml (but default = false ones)
     scripts/mutate --module drain   one (or several: --module a --module b)
     scripts/mutate --rows [ROW...]  each catalogue row's mutants (docs/field-failures-mutants.toml)
                                     against the row's named tests: every one must be killed
@@ -232,7 +232,8 @@ def main() -> int:
     if args.rows is not None:
         return run_rows(args.rows)
     config = tomllib.loads(CONFIG.read_text(encoding="utf-8"))
-    names = args.module or list(config["module"])
+    # a module with `default = false` runs only when named (its tests are too slow for every mutant)
+    names = args.module or [n for n, m in config["module"].items() if m.get("default", True) or args.list]
     unknown = [n for n in names if n not in config["module"]]
     if unknown:
         raise SystemExit(f"no module {unknown} in {CONFIG.relative_to(ROOT)}: {', '.join(config['module'])}")
