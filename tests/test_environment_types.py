@@ -138,13 +138,7 @@ def test_pdnode_check_refuses_the_issue_examples_on_a_path_that_does_not_read_th
     """Issue 43: MC_GID_INDEX "three" and NCCL_IB_TIMEOUT 1.5 passed check on gpu01's
     NVLink path (no RDMA transport reads them there) and fail the engines after a
     layout change."""
-    inv = tmp_path / "inv"
-    inv.mkdir()
-    (inv / "hosts.yml").write_text("all:\n  hosts:\n    gpu01:\n")
-    (inv / "group_vars").symlink_to(ROOT / "inventories" / "gpu01" / "group_vars")
-    (inv / "host_vars").mkdir()
-    (inv / "host_vars" / "gpu01.yml").write_text(
-        "---\npdnode_engine_environment:\n  MC_GID_INDEX: three\n  NCCL_IB_TIMEOUT: 1.5\n")
+    inv = test_kv_environment.gpu01_with_environment(tmp_path, {"MC_GID_INDEX": "three", "NCCL_IB_TIMEOUT": 1.5})
     rc = cli.main(["check", "--json", str(inv)])
     report = json.loads(capsys.readouterr().out)
     assert rc == 1 and report["ok"] is False

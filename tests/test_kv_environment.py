@@ -9,8 +9,10 @@ and gpu-pair (two hosts: RDMA)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 from planvars import ROOT, changed, variables
 
 from pdnode.commands import cli
@@ -218,17 +220,23 @@ def test_what_the_plan_says_is_what_the_engines_environment_selects(name, value,
         assert sim.kv_path(svc["args"]["disaggregation_transfer_backend"]) == plan.cluster["kv"]["path"], svc["id"]
 
 
-def test_pdnode_check_refuses_the_issue_reproduction(capsys, tmp_path):
-    """Issue 28: `pdnode_engine_environment: {MC_FORCE_MNNVL: "1"}` beside gpu01's NVLink
-    transport was accepted (exit 0); with the others that put the transport against the path."""
+def gpu01_with_environment(tmp_path: Path, environment: dict) -> Path:
+    """An inventory: gpu01's group_vars, and ENVIRONMENT as its host's pdnode_engine_environment."""
     inv = tmp_path / "inv"
     inv.mkdir()
     (inv / "hosts.yml").write_text("all:\n  hosts:\n    gpu01:\n")
     (inv / "group_vars").symlink_to(ROOT / "inventories" / "gpu01" / "group_vars")
     (inv / "host_vars").mkdir()
-    (inv / "host_vars" / "gpu01.yml").write_text(
-        "---\npdnode_engine_environment:\n  MC_FORCE_MNNVL: \"1\"\n  MC_FORCE_TCP: \"1\"\n  MC_USE_TENT: \"1\"\n"
-        "  SGLANG_MOONCAKE_CUSTOM_MEM_POOL: \"NVLINK\"\n  SGLANG_MOONCAKE_SEND_AUX_TCP: \"true\"\n")
+    (inv / "host_vars" / "gpu01.yml").write_text(yaml.safe_dump({"pdnode_engine_environment": environment}))
+    return inv
+
+
+def test_pdnode_check_refuses_the_issue_reproduction(capsys, tmp_path):
+    """Issue 28: `pdnode_engine_environment: {MC_FORCE_MNNVL: "1"}` beside gpu01's NVLink
+    transport was accepted (exit 0); with the others that put the transport against the path."""
+    inv = gpu01_with_environment(tmp_path, {
+        "MC_FORCE_MNNVL": "1", "MC_FORCE_TCP": "1", "MC_USE_TENT": "1",
+        "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": "NVLINK", "SGLANG_MOONCAKE_SEND_AUX_TCP": "true"})
     rc = cli.main(["check", "--json", str(inv)])
     report = json.loads(capsys.readouterr().out)
     assert rc == 1 and report["ok"] is False

@@ -102,16 +102,19 @@ def test_without_a_key_file_no_secret_and_no_key_input():
 def test_with_a_key_file_every_service_reads_it():
     view = _view({"pdnode_api_key_file": "molecule/node/files/test-api-key"})
     [secret] = view["secret_files"]
-    assert secret["roles"] == view["ids"] and secret["mode"] == "0400" and secret["validate"][-1] == "%s"
-    assert {"path": secret["path"], "roles": view["ids"]} in view["inputs"]
+    ids = ["prefill-0", "decode-0", "router"]
+    assert secret["roles"] == ids and secret["mode"] == "0400" and secret["validate"][-1] == "%s"
+    assert {"path": secret["path"], "roles": ids} in view["inputs"]
     assert all(spec["api_key_file"] == secret["path"] for spec in view["drain"].values())
 
 
 def test_the_engines_read_the_release_venv_and_the_router_its_own():
     view = _view()
     by_path = {i["path"]: i["roles"] for i in view["inputs"]}
-    engines = view["engine_ids"]
-    assert by_path[f"{view['venv']}/.pdnode-release"] == engines
+    engines = view["restart"]["engines"]
+    assert engines == ["prefill-0", "decode-0"]
+    venv = build_plan(variables("demo"), "node").as_dict()["install"]["venv"]
+    assert by_path[f"{venv}/.pdnode-release"] == engines
     assert [r for p, r in by_path.items() if "/router-" in p and p.endswith(".pdnode-release")] == [["router"]]
 
 
@@ -122,24 +125,25 @@ def test_a_router_on_another_host():
         view = build_plan(peers[host], host, peers).as_dict()["roles"]["pd_services"]
         assert view["router_host"] == router_host
         if host != router_host:
-            assert not view["router"] and view["admin_key"] is None and view["admin_key_files"] == []
+            assert not view["router"] and view["admin_key_files"] == []
             assert "reconcile" not in view["read_commands"] and view["reconcile_spec"] is None
-            assert view["probe"] is None and view["timers"] == []
+            assert view["probe"] is None and view["enable"] == view["units"] + [view["target"]]
             assert not any(i["roles"] == ["router"] for i in view["inputs"])
             assert view["start"]["after"] == [view["target"]] and view["start"]["others"] == []
             assert view["admin_key_argv"] is None
         else:
-            assert view["router"] and view["admin_key_files"] == [view["admin_key"]]
+            [key] = view["admin_key_files"]
+            assert view["router"] and key["path"].endswith("/router-admin-key") and key["mode"] == "0400"
             assert view["read_commands"]["reconcile"]["json"] is True
-            assert view["admin_key_argv"][2:] == [view["admin_key"][k] for k in ("path", "owner", "group", "mode")]
+            assert view["admin_key_argv"][2:] == [key[k] for k in ("path", "owner", "group", "mode")]
 
 
 def test_the_pair_probe_off():
     on, off = _view(), _view({"pdnode_pair_probe_interval_s": 0})
     assert on["start"]["after"] == [on["router_unit"], on["probe"]["timer"], on["target"]]
     assert off["start"]["after"] == [off["router_unit"], off["target"]]
-    assert on["probe"] and on["timers"] == [on["probe"]["timer"]]
-    assert off["probe"] is None and off["timers"] == [] and off["probe_units"] == []
+    assert on["probe"] and on["enable"] == on["units"] + [on["probe"]["timer"], on["target"]]
+    assert off["probe"] is None and off["enable"] == off["units"] + [off["target"]]
     assert off["enable"] == off["units"] + [off["target"]]
     assert not any("pair-probe" in f["path"] for f in off["files"])
     assert not any("pair-probe" in u for u in off["orphans"]["keep"])
@@ -147,15 +151,17 @@ def test_the_pair_probe_off():
 
 def test_the_node_s_one_prefill_drains_with_its_bound_decodes():
     view = _view(inventory="gpu01-1p2d")
-    assert view["bound_ids"] == ["decode-0", "decode-1"]
+    assert view["restart"]["bound"] == ["decode-0", "decode-1"]
     assert [w["id"] for w in view["drain"]["prefill-0"]["workers"]] == ["prefill-0", "decode-0", "decode-1"]
     assert [w["id"] for w in view["drain"]["decode-1"]["workers"]] == ["decode-1"]
     assert view["start"]["hold"] == [] and view["services"]["prefill-0"]["hold"] is None
     several = _view(inventory="gpu01-2p1d")
-    assert several["bound_ids"] == [] and [w["id"] for w in several["drain"]["prefill-0"]["workers"]] == ["prefill-0"]
+    assert several["restart"]["bound"] == [] and \
+        [w["id"] for w in several["drain"]["prefill-0"]["workers"]] == ["prefill-0"]
     # one of several prefills waits until every decode dropped it, before a start and a restart
     hold = several["services"]["prefill-1"]["hold"]
-    assert hold[-3:] == ["hold", "sglang-pd-prefill-1.service", str(several["services"]["prefill-1"]["restart_delay_s"])]
+    plan = build_plan(changed(variables("gpu01-2p1d"), {}), "node").as_dict()
+    assert hold[-3:] == ["hold", "sglang-pd-prefill-1.service", str(plan["services"]["prefill-1"]["restart_delay_s"])]
     assert {"unit": "sglang-pd-prefill-1.service", "argv": hold} in several["start"]["hold"]
 
 
@@ -261,27 +267,29 @@ TWO_PREFILLS = {"engines": ["prefill-0", "prefill-1", "decode-0"], "prefills": [
                 "bound": [], "router": True}
 
 
-@pytest.mark.parametrize("rule, stale, want", [
-    (ONE_PREFILL, [], {"engines": [], "router": False, "record": []}),
+@pytest.mark.parametrize("rule, stale, flags, want", [
+    (ONE_PREFILL, [], {}, {"engines": [], "router": False, "record": []}),
     # the one prefill restarts its bound decodes with it (BindsTo=): they are not drained twice
-    (ONE_PREFILL, ["decode-1", "prefill-0"], {"engines": ["prefill-0"], "router": False,
-                                              "record": ["prefill-0", "decode-1", "decode-0"]}),
-    (ONE_PREFILL, ["decode-1"], {"engines": ["decode-1"], "router": False, "record": ["decode-1"]}),
-    ({**ONE_PREFILL, "all": True}, [], {"engines": ["prefill-0"], "router": False,
-                                        "record": ["prefill-0", "decode-0", "decode-1"]}),
-    (TWO_PREFILLS, ["decode-0", "prefill-1", "router"], {"engines": ["prefill-1", "decode-0"], "router": True,
-                                                          "record": ["prefill-1", "decode-0", "router"]}),
-    ({**TWO_PREFILLS, "router_venv": True}, [], {"engines": [], "router": True, "record": ["router"]}),
-    ({**TWO_PREFILLS, "router": False, "router_venv": True}, ["router"], {"engines": [], "router": False,
-                                                                         "record": []}),
+    (ONE_PREFILL, ["decode-1", "prefill-0"], {},
+     {"engines": ["prefill-0"], "router": False, "record": ["prefill-0", "decode-1", "decode-0"]}),
+    (ONE_PREFILL, ["decode-1"], {}, {"engines": ["decode-1"], "router": False, "record": ["decode-1"]}),
+    (ONE_PREFILL, [], {"release_changed": True},
+     {"engines": ["prefill-0"], "router": False, "record": ["prefill-0", "decode-0", "decode-1"]}),
+    (TWO_PREFILLS, ["decode-0", "prefill-1", "router"], {},
+     {"engines": ["prefill-1", "decode-0"], "router": True, "record": ["prefill-1", "decode-0", "router"]}),
+    (TWO_PREFILLS, [], {"router_venv_changed": True}, {"engines": [], "router": True, "record": ["router"]}),
+    # a router on another host: its venv is not this host's to restart
+    ({**TWO_PREFILLS, "router": False}, ["router"], {"router_venv_changed": True},
+     {"engines": [], "router": False, "record": []}),
 ])
-def test_the_restart_set_in_start_order(rule, stale, want):
-    assert FILES_MODULE.restart_plan(rule, stale) == want
+def test_the_restart_set_in_start_order(rule, stale, flags, want):
+    assert FILES_MODULE.restart_plan(rule, stale, **flags) == want
 
 
 def test_the_view_s_restart_rule_is_the_plan_s_order():
     view = _view(inventory="gpu01-2p1d")
-    assert view["restart"]["engines"] == view["engine_ids"] == [s for s in view["ids"] if s != "router"]
+    assert view["restart"]["engines"] == ["prefill-0", "prefill-1", "decode-0"]
+    assert view["units"] == [f"sglang-pd-{s}.service" for s in view["restart"]["engines"] + ["router"]]
     assert view["restart"]["prefills"] == ["prefill-0", "prefill-1"]
 
 

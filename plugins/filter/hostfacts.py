@@ -1,4 +1,4 @@
-"""Ansible filters over pdnode.core.host.facts / pdnode.core.host.preflight / pdnode.core.rules.mooncake_select.
+"""Ansible filters over pdnode.core.host.facts and pdnode.core.host.preflight.
 
 Thin by design: every parser and every rule lives in src/pdnode/; these wrappers
 only convert exceptions into AnsibleFilterError.
@@ -13,11 +13,9 @@ from ansible.errors import AnsibleFilterError
 
 try:
     from pdnode.core.host import facts as hostfacts, preflight
-    from pdnode.core.rules import mooncake_select
 except ImportError:  # not installed (e.g. ansible-core carried as wheels): use the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from pdnode.core.host import facts as hostfacts, preflight
-    from pdnode.core.rules import mooncake_select
 
 
 def pdnode_hostfacts(raw):
@@ -36,11 +34,6 @@ def pdnode_preflight_expect(plan, overrides=None):
         raise AnsibleFilterError(f"pdnode_preflight_expect: {exc}") from exc
 
 
-def pdnode_own_units(plan):
-    """Plan dict -> the systemd units it runs on this host (they may hold its ports)."""
-    return preflight.own_units(dict(plan))
-
-
 def pdnode_preflight_judge(facts, expect):
     """Facts + expectations -> {ok, errors: [line], warnings: [line], problems: [...]}."""
     try:
@@ -49,33 +42,10 @@ def pdnode_preflight_judge(facts, expect):
         raise AnsibleFilterError(f"pdnode_preflight_judge: {exc}") from exc
 
 
-def pdnode_pci_scan(text):
-    """sysfs PCI listing -> {nvidia_gpus, nvswitches, mellanox_nics} (lists)."""
-    return hostfacts.parse_pci_scan(text or "")
-
-
-def pdnode_smi_summary(text):
-    """nvidia-smi -q text -> {driver_version, cuda_version, attached_gpus, gpus}."""
-    return hostfacts.smi_q_summary(text or "")
-
-
-def pdnode_mooncake_select(driver_cuda, override=None, stack_cuda=None, versions=None):
-    """Pick the Mooncake transfer-engine build for the host."""
-    try:
-        return mooncake_select.select(driver_cuda or None, override or None, stack_cuda or None,
-                                      dict(versions or {}))
-    except mooncake_select.SelectionError as exc:
-        raise AnsibleFilterError(f"pdnode_mooncake_select: {exc}") from exc
-
-
 class FilterModule:
     def filters(self):
         return {
             "pdnode_hostfacts": pdnode_hostfacts,
             "pdnode_preflight_expect": pdnode_preflight_expect,
             "pdnode_preflight_judge": pdnode_preflight_judge,
-            "pdnode_own_units": pdnode_own_units,
-            "pdnode_pci_scan": pdnode_pci_scan,
-            "pdnode_smi_summary": pdnode_smi_summary,
-            "pdnode_mooncake_select": pdnode_mooncake_select,
         }

@@ -29,17 +29,6 @@ def _call(function, *args, **kwargs):
         raise AnsibleFilterError(str(exc)) from None
 
 
-def pdnode_scrape_config(plan: dict, node_exporter: str, dcgm_exporter: str, scrape_interval: str) -> str:
-    """plan -> prometheus.yml text."""
-    return _call(monitoring.render_scrape_config, plan, node_exporter=node_exporter,
-                 dcgm_exporter=dcgm_exporter, scrape_interval=scrape_interval)
-
-
-def pdnode_alert_rules(plan: dict) -> str:
-    """plan -> the alert rules file text."""
-    return _call(monitoring.render_alert_rules, plan)
-
-
 def pdnode_dcgm_counters(default_csv: str) -> str:
     """dcgm-exporter's default-counters.csv -> the counters the rules need."""
     return _call(monitoring.dcgm_counters, default_csv)
@@ -58,6 +47,5 @@ def pdnode_monitoring_files(plan: dict, **values) -> dict:
 
 class FilterModule:
     def filters(self):
-        return {"pdnode_scrape_config": pdnode_scrape_config, "pdnode_alert_rules": pdnode_alert_rules,
-                "pdnode_dcgm_counters": pdnode_dcgm_counters, "pdnode_monitoring_facts": pdnode_monitoring_facts,
+        return {"pdnode_dcgm_counters": pdnode_dcgm_counters, "pdnode_monitoring_facts": pdnode_monitoring_facts,
                 "pdnode_monitoring_files": pdnode_monitoring_files}

@@ -142,10 +142,18 @@ options:
   restart:
     description:
       - The restart rule, the C(restart) of pdnode.core.plan.roles.pd_services. C(engines) in start
-        order, C(prefills), C(bound) (decodes bound to the node's one prefill), C(router)
-        (the router runs here), C(all) (a new release, so every engine restarts) and
-        C(router_venv) (the router's venv changed). RV(restart) answers it.
+        order, C(prefills), C(bound) (decodes bound to the node's one prefill) and C(router)
+        (the router runs here). RV(restart) answers it, with O(release_changed) and
+        O(router_venv_changed).
     type: dict
+  release_changed:
+    description: A new release is installed (the sglang role says so), so every engine restarts.
+    type: bool
+    default: false
+  router_venv_changed:
+    description: The router's venv changed (another router package or bundle), so the router restarts.
+    type: bool
+    default: false
 author: pdnode
 """
 
@@ -434,14 +442,14 @@ def _orphan_id(unit, prefix):
     return name[:-len(".service")] if name.endswith(".service") else name
 
 
-def restart_plan(rule, stale):
+def restart_plan(rule, stale, release_changed=False, router_venv_changed=False):
     """Which services restart (RULE: the restart option; STALE: services whose files differ
     from what they started with), in order: every engine after a new release, else the
     stale ones; a decode bound to the node's one prefill restarts with it (BindsTo=), not
     twice; the router after a new venv of its own or when stale."""
-    engines = list(rule["engines"]) if rule.get("all") else [e for e in rule["engines"] if e in stale]
+    engines = list(rule["engines"]) if release_changed else [e for e in rule["engines"] if e in stale]
     with_prefill = any(e in rule["prefills"] for e in engines)
-    router = bool(rule.get("router")) and (bool(rule.get("router_venv")) or "router" in stale)
+    router = bool(rule["router"]) and (router_venv_changed or "router" in stale)
     drained = [e for e in engines if not (with_prefill and e in rule["bound"])]
     record = list(dict.fromkeys(engines + (list(rule["bound"]) if with_prefill else []) + (["router"] if router else [])))
     return {"engines": drained, "router": router, "record": record}
@@ -520,9 +528,9 @@ def main():
                 "prefills": {"type": "list", "elements": "str", "required": True},
                 "bound": {"type": "list", "elements": "str", "required": True},
                 "router": {"type": "bool", "required": True},
-                "all": {"type": "bool", "default": False},
-                "router_venv": {"type": "bool", "default": False},
             }},
+            "release_changed": {"type": "bool", "default": False},
+            "router_venv_changed": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -660,7 +668,8 @@ def main():
         module, [os.path.basename(item["path"]) for item in plan
                  if item["spec"]["unit"] and not _is_drop_in(item["path"])])
     changed_paths = [item["path"] for item in plan if item["write"]] + removed + records
-    answer = restart_plan(p["restart"], restart) if p["restart"] is not None else NO_RESTART
+    answer = restart_plan(p["restart"], restart, p["release_changed"], p["router_venv_changed"]) \
+        if p["restart"] is not None else NO_RESTART
     module.exit_json(changed=bool(changed_paths or restart or reload_ or disabled), changed_paths=changed_paths,
                      restart_roles=restart, daemon_reload=reload_, recorded=[], disabled=disabled, diff=diffs,
                      orphans=gone, restart=answer)

@@ -231,7 +231,6 @@ class ServiceView(TypedDict):
     python: str
     ready: list[str]
     post_start: str | None
-    restart_delay_s: int | None
     hold: list[str] | None  # one of several prefills: the wait before it starts again
 
 
@@ -240,7 +239,6 @@ class ProbeView(TypedDict):
     service: str
     timer: str
     stem: str
-    interval_s: int
     exec_start: str
     timeout_start_s: int
     state_directory: str
@@ -312,28 +310,19 @@ class PdServicesView(TypedDict):
     """What the pd_services role reads (pdnode.core.plan.roles.pd_services)."""
     user: str
     home: str
-    config_dir: str
     applied_dir: str
     python: str
-    venv: str
     target: str
     state_directory: str
     served_name: str
-    ids: list[str]  # services in start order
-    engine_ids: list[str]
-    units: list[str]
-    engine_units: list[str]
+    units: list[str]  # the services' units in start order
     router: bool  # the router runs on this host
     router_unit: str | None
-    probe_units: list[str]
-    timers: list[str]
     probe: ProbeView | None
     enable: list[str]  # enabled and kept running: the services, the probe's timer, the target
     start: StartSpec
     read_units: list[dict[str, str]]
-    bound_ids: list[str]
     directories: list[Owned]
-    admin_key: Owned | None
     admin_key_files: list[Owned]
     admin_key_argv: list[str] | None
     account: Account

@@ -213,16 +213,13 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
                   *(f"--own-unit={unit}" for unit in own_units(plan)),
                   *(f"{name}={port}" for name, port in plan["ports"].items())]
     return {
-        "user": install["user"], "home": install["home"], "config_dir": install["config_dir"],
-        "applied_dir": install["applied_dir"], "python": install["python"], "venv": install["venv"],
-        "target": install["target"], "state_directory": install["state_directory"],
+        "user": install["user"], "home": install["home"], "applied_dir": install["applied_dir"],
+        "python": install["python"], "target": install["target"], "state_directory": install["state_directory"],
         "served_name": settings["pdnode_model_served_name"],
-        "ids": ids, "engine_ids": engine_ids, "units": units,
-        "engine_units": [services[sid]["unit"] for sid in engine_ids],
-        "router": router is not None, "router_unit": router["unit"] if router else None,
+        # the services' units in start order: prefills, decodes, the router
+        "units": units, "router": router is not None, "router_unit": router["unit"] if router else None,
         # The per-pair probe, where the plan runs it: its timer is enabled and started with the
         # services; its oneshot service only ever runs from the timer.
-        "probe_units": [probe["service"], probe["timer"]] if probe else [], "timers": timers,
         "probe": _probe(probe) if probe else None,
         # enabled and kept running, in start order: the services, the probe's timer, the target
         "enable": units + timers + [install["target"]],
@@ -235,9 +232,8 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
                   "hold": [{"unit": services[sid]["unit"], "argv": _hold(install["python"], services[sid])}
                            for sid in engine_ids if services[sid]["restart_delay_s"]]},
         "read_units": [{"name": unit} for unit in units + timers + [install["target"]]],
-        "bound_ids": bound,
         "directories": [_owned(m) for m in managed.values() if m["kind"] == "directory"],
-        "admin_key": admin_key, "admin_key_files": [admin_key] if admin_key else [],
+        "admin_key_files": [admin_key] if admin_key else [],
         # roles/pd_services/files/admin_key.py's arguments (its source comes on stdin)
         "admin_key_argv": [f"{install['venv']}/bin/python", "-", admin_key["path"], admin_key["owner"],
                            admin_key["group"], admin_key["mode"]] if admin_key else None,
@@ -299,13 +295,12 @@ def _service(svc: dict[str, Any], python: str) -> dict[str, Any]:
             "stem": svc["unit"].removesuffix(".service"), "env_file": svc["env_file"],
             "exec_start": _line(svc["exec"]), "python": svc["exec"][0], "ready": svc["ready"],
             "post_start": _line(svc["post_start"]) if svc.get("post_start") else None,
-            "restart_delay_s": svc["restart_delay_s"],
             "hold": _hold(python, svc) if svc["restart_delay_s"] else None}
 
 
 def _probe(probe: dict[str, Any]) -> dict[str, Any]:
     """What the pair probe's service and timer write (templates/pair_probe.*.j2)."""
     return {"service": probe["service"], "timer": probe["timer"], "stem": probe["service"].removesuffix(".service"),
-            "interval_s": probe["interval_s"], "exec_start": _line(probe["exec"]),
+            "exec_start": _line(probe["exec"]),
             "timeout_start_s": probe["spec"]["timeout_s"] + 60,
             "state_directory": posixpath.basename(probe["textfile_dir"])}
