@@ -16,7 +16,9 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 # What a program on the host imports besides the standard library: the engine it starts,
 # from the release venv, at run time (router_launch imports its router package by a
 # computed name, importlib.import_module, which no static reading sees).
-NODE_MAY_IMPORT = {"pdnode.node.launcher": {"sglang"}}
+NODE_MAY_IMPORT = {"pdnode.node.launcher": {"sglang"},
+                   # the weights' download: the client the release venv pins (pdnode.node.releases)
+                   "pdnode.node.model_fetch": {"huggingface_hub"}}
 
 
 def lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:

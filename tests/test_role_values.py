@@ -26,6 +26,8 @@ SPECS = sorted(ROOT.glob("roles/*/meta/argument_specs.yml"))
 # Free-form options that need no pattern of their own, and why.
 EXEMPT = {
     "firewall_view": "plan.roles.firewall from the pdnode_plan filter (pdnode check validated every value)",
+    "model_view": "plan.roles.model from the pdnode_plan filter (pdnode check validated every value)",
+    "model_playbook_dir": "ansible-playbook's own playbook_dir, only resolved to a controller path",
     "monitoring_plan": "the plan from the pdnode_plan filter (pdnode check validated every value)",
     "pd_services_plan": "the plan from the pdnode_plan filter (pdnode check validated every value)",
     **{f"preflight_{n}": "the preflight changes nothing on the host: its values are compared with facts, stat'ed, "

@@ -27,14 +27,15 @@ def release(**over):
 def test_the_real_engine_installs_sglang_and_the_router():
     r = release()
     assert r["system_packages"] == ["python3-venv", "python3-packaging"]
-    assert r["packages"] == ["smg==1.0.0", "sglang==0.5.23"]
+    # huggingface_hub: the model role's download client, pinned in either venv
+    assert r["packages"] == ["smg==1.0.0", "sglang==0.5.23", "huggingface_hub==1.33.0"]
 
 
 def test_the_stand_in_installs_its_packages_and_mooncakes_non_cuda_build():
     r = release(engine="sim")
     assert r["system_packages"] == ["python3-venv", "python3-packaging", "libibverbs1", "libnuma1"]
     assert r["packages"] == ["smg==1.0.0", "aiohttp", "prometheus-client",
-                             "mooncake-transfer-engine-non-cuda==0.3.13.post1"]
+                             "mooncake-transfer-engine-non-cuda==0.3.13.post1", "huggingface_hub==1.33.0"]
 
 
 @pytest.mark.parametrize("engine", ["sglang", "sim"])

@@ -26,6 +26,7 @@ from pdnode.core.plan.build import PlanError, build_plan
 from pdnode.core.rules.catalogue import BY_ID, RULES
 
 IB = {i: f"mlx5_{i}" for i in range(8)}
+GPU01_MODEL = "/models/GLM-4.5-Air-FP8"  # inventories/gpu01's pdnode_model_path
 
 # rule id -> (changes to gpu01, other rule ids the same change also reports)
 RULE_CASES: dict[str, tuple[dict, set[str]]] = {
@@ -43,6 +44,16 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "hardening-off": ({"pd_services_device_policy": False}, set()),
     "engine-known": ({"pdnode_engine": "vllm"}, set()),
     "model-kind-known": ({"pdnode_model_kind": "big"}, set()),
+    "model-kind-needed": ({"pdnode_model_kind": None}, set()),
+    # where the model comes from: the forms (the files' rules are MODEL_RULE_CASES below)
+    "model-source-form": ({"pdnode_model_source": "s3://bucket/glm"}, set()),
+    "model-endpoint-form": ({"pdnode_model_source": f"local://{GPU01_MODEL}", "pdnode_model_endpoint": "ftp://m"},
+                            set()),
+    "model-token-file": ({"pdnode_model_source": f"local://{GPU01_MODEL}", "pdnode_model_token_file": "no/such"},
+                         set()),
+    "model-source-local-path": ({"pdnode_model_source": "local:///models/other"}, set()),
+    # build_plan without the inventory's directory: no lock can be found
+    "model-lock-missing": ({"pdnode_model_source": "hf://zai-org/GLM-4.5-Air-FP8@main"}, set()),
     "model-path-absolute": ({"pdnode_model_path": "zai-org/GLM-4.5-Air-FP8"}, set()),
     "path-absolute": ({"pdnode_install_root": "opt/sglang-pd"}, set()),
     "path-length": ({"pdnode_install_root": "/opt/" + "a" * 300}, set()),
@@ -201,14 +212,25 @@ def _reported(variables_: dict) -> tuple[list, list]:
         return exc.problems, []
 
 
+# Rules that need the model's lock file and the controller's cache: rule id -> (changes to
+# gpu01, what the inventory's directory and the cache hold, other ids the change reports).
+MODEL_RULE_CASES: dict[str, tuple[dict, str, set[str]]] = {
+    "model-lock-readable": ({}, "broken-lock", set()),
+    "model-lock-stale": ({"pdnode_model_source": "hf://zai-org/GLM-4.5-Air-FP8@v2"}, "lock", set()),
+    "model-cache-missing": ({}, "lock-only", set()),
+    "model-fact-contradicts-files": ({"pdnode_model_kind": "dense"}, "lock", set()),
+}
+
+
 # Rules of `pdnode check` that come from SGLang's own validation, after the plan is built:
 # tests/conformance/test_check_sglang.py triggers each through the CLI.
 SGLANG_JUDGE_RULES = {"sglang-rejects", "sglang-could-not-judge", "sglang-validation-not-run"}
 
 
 def test_every_rule_has_a_case_and_every_case_a_rule():
-    cases = set(RULE_CASES) | set(PAIR_RULE_CASES) | SGLANG_JUDGE_RULES
+    cases = set(RULE_CASES) | set(PAIR_RULE_CASES) | set(MODEL_RULE_CASES) | SGLANG_JUDGE_RULES
     assert not set(RULE_CASES) & set(PAIR_RULE_CASES), "a rule has two cases"
+    assert not (set(RULE_CASES) | set(PAIR_RULE_CASES)) & set(MODEL_RULE_CASES), "a rule has two cases"
     assert sorted(set(BY_ID) - cases) == [], "rules without a case in RULE_CASES or PAIR_RULE_CASES"
     assert sorted(cases - set(BY_ID)) == [], "cases for rules that are not registered"
 
@@ -251,6 +273,32 @@ def test_the_two_host_case_triggers_its_rule(rule_id):
     assert set(ids) <= {rule_id} | also, [f"{p.rule_id}: {p}" for p in problems]
 
 
+@pytest.mark.parametrize("rule_id", sorted(MODEL_RULE_CASES))
+def test_the_model_files_case_triggers_its_rule(gpu01_vars, tmp_path, monkeypatch, rule_id):
+    from pdnode.core.inventory.model_source import Lock, ManifestFile, cache_path
+
+    changes, setup, also = MODEL_RULE_CASES[rule_id]
+    monkeypatch.setenv("PDNODE_CACHE_DIR", str(tmp_path / "cache"))
+    lock = Lock("hf://zai-org/GLM-4.5-Air-FP8@main", "zai-org/GLM-4.5-Air-FP8", "main", "c" * 40,
+                (ManifestFile("config.json", 100, None), ManifestFile("model.safetensors", 110_000_000_000, "d" * 64)))
+    (tmp_path / "model.lock.json").write_text("{not json" if setup == "broken-lock" else lock.text())
+    if setup == "lock":
+        cache = cache_path(lock.repo, lock.commit)
+        cache.mkdir(parents=True)
+        (cache / "config.json").write_text(json.dumps({"architectures": ["Glm4MoeForCausalLM"],
+                                                       "n_routed_experts": 128, "num_hidden_layers": 46,
+                                                       "num_attention_heads": 96, "num_key_value_heads": 8,
+                                                       "head_dim": 128}))
+    v = changed(gpu01_vars, {"pdnode_model_source": lock.source, "pdnode_model_weights_gb": None, **changes})
+    try:
+        problems = build_plan(v, "gpu01", None, str(tmp_path)).warnings
+    except PlanError as exc:
+        problems = exc.problems
+    ids = [p.rule_id for p in problems]
+    assert rule_id in ids, [str(p) for p in problems]
+    assert set(ids) <= {rule_id} | also, [f"{p.rule_id}: {p}" for p in problems]
+
+
 def _params(cases: list) -> list:
     return [pytest.param(p.values[0], id=p.id) for p in cases]
 
@@ -267,7 +315,7 @@ def test_every_problem_of_the_plan_tests_has_a_registered_id(gpu01_vars, changes
 # The checker's calls in the plan's modules: c.error / c.warn / self.error (plan,
 # instances, ports), error (values), WeightsError (capacity).
 MODULES = ["plan/build.py", "rules/instances.py", "rules/ports.py", "rules/values.py", "rules/capacity.py",
-           "plan/cluster.py", "rules/guards.py", "rules/router_judge.py", "rules/disagg.py"]
+           "plan/cluster.py", "rules/guards.py", "rules/router_judge.py", "rules/disagg.py", "plan/model.py"]
 _FORWARDS = {"rule_id"}  # c.error(exc.rule_id, ...) passes on an id set at the source
 
 

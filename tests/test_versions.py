@@ -35,6 +35,11 @@ def _pins() -> dict[str, str]:
     return dict(d.split("==", 1) for d in deps if "==" in d)
 
 
+def _runtime_pins() -> dict[str, str]:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return dict(d.split("==", 1) for d in deps if "==" in d)
+
+
 def _conformance_pin(name: str) -> str:
     text = (ROOT / "tests/conformance/requirements.txt").read_text()
     m = re.search(rf"^{re.escape(name)}==(\S+)", text, re.M)
@@ -47,6 +52,7 @@ COPIES = [
     pytest.param(lambda: _pins()["sglang-router"], releases.SGLANG_ROUTER, id="pyproject router pin"),
     pytest.param(lambda: _pins()["mooncake-transfer-engine-non-cuda"], releases.MOONCAKE, id="pyproject mooncake pin"),
     pytest.param(lambda: _conformance_pin("sglang"), releases.SGLANG, id="conformance env"),
+    pytest.param(lambda: _runtime_pins()["huggingface_hub"], releases.HUGGINGFACE_HUB, id="pyproject hub client pin"),
     pytest.param(lambda: _yaml("roles/mooncake/defaults/main.yml")["mooncake_versions"], MOONCAKE_BUILDS,
                  id="mooncake role default"),
     pytest.param(lambda: _yaml("roles/mooncake/meta/argument_specs.yml")["argument_specs"]["main"]["options"]

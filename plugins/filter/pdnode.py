@@ -48,7 +48,9 @@ def pdnode_plan(variables, host: str = "node", hostvars=None) -> dict:
     """hostvars of one host (and of all hosts, for a layout spanning several) -> the
     validated plan of that host as a dict (see docs/architecture.md)."""
     try:
-        plan = build_plan(_site_variables(variables), host, _Inventory(hostvars) if hostvars is not None else None)
+        where = variables.get("inventory_dir") if hasattr(variables, "get") else None
+        plan = build_plan(_site_variables(variables), host, _Inventory(hostvars) if hostvars is not None else None,
+                          str(where) if where else None)
     except PlanError as exc:
         lines = "\n".join(f"  {p}" for p in exc.problems)
         raise AnsibleFilterError(f"the node description has {len(exc.problems)} problem(s):\n{lines}") from None

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
-from ..core.inventory.read import InventoryError, inventory_variables, load_inventory
+from ..core.inventory.read import InventoryError, inventory_dirs, inventory_variables, load_inventory
 from ..core.plan.load import Unplannable, load_plan, problem_lines, source_of
 from ..core.rules.instances import gpus_text
 from ..core.plan.build import Plan, PlanError, Problem, build_plan
@@ -89,7 +89,7 @@ def _sglang_verdicts(plan: Plan) -> tuple[list[Problem], list[Problem]]:
 def _host_verdict(args: argparse.Namespace, host: str, peers: dict) -> tuple[Plan | None, list, list]:
     """(plan or None, problems, warnings) of one host: pdnode's rules, then SGLang's."""
     try:
-        plan = build_plan(peers[host], host, peers)
+        plan = build_plan(peers[host], host, peers, inventory_dirs(args.inventory).get(host))
     except PlanError as exc:
         return None, exc.problems, []
     problems, warnings = _sglang_verdicts(plan)
@@ -294,6 +294,7 @@ OPTIONAL = {
     "plan": "pdnode.commands.planner",
     "bench": "pdnode.commands.bench",
     "runbooks": "pdnode.commands.runbooks",
+    "model": "pdnode.commands.model",
 }
 OPTIONAL_HELP = {
     "verify": "verify a running node (exit 0 ok, 1 a check failed, 2 could not run)",
@@ -305,6 +306,8 @@ OPTIONAL_HELP = {
              "1 bad input or failures, 2 could not run)",
     "runbooks": "write this inventory's per-host runbooks (its units, ports, paths, commands) to "
                 ".cache/runbooks/<host>/",
+    "model": "pin the inventory's hf:// model to a commit (model.lock.json beside it) and cache its config files "
+             "for `pdnode check`",
 }
 
 

@@ -16,3 +16,6 @@ SMG = "1.13.0"  # the router's maintained successor
 ROUTER_PACKAGE = "smg"
 MOONCAKE = "0.3.13.post1"  # Mooncake's CUDA 12 and non-CUDA builds
 MOONCAKE_CUDA13 = "0.3.14"  # the CUDA 13 build's own release line
+# The model's download client in the release venv (pdnode.node.model_fetch) and on the
+# controller (`pdnode model lock`; pyproject.toml pins the same): one SGLang 0.5.23 accepts.
+HUGGINGFACE_HUB = "1.33.0"

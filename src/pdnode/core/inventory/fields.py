@@ -40,7 +40,17 @@ FIELDS: tuple[Field, ...] = (
     # The model
     _F("pdnode_model_path", "str", REQUIRED, "absolute path of the model directory on the host (path rule below)"),
     _F("pdnode_model_served_name", "str", REQUIRED, "name clients use in 'model' (letter or digit first, then letters, digits, . _ / @ + -; at most 128; no ':', SGLang reserves it)"),
-    _F("pdnode_model_kind", "str", REQUIRED, "moe_mla | moe | dense"),
+    _F("pdnode_model_kind", "str_or_none", None, "moe_mla | moe | dense; read from the model's config.json when "
+       "pdnode_model_source is an hf:// one (a typed kind must agree with it), required otherwise"),
+    _F("pdnode_model_source", "str_or_none", None, "where the model comes from (docs/model.md): hf://ORG/NAME@REVISION "
+       "(downloaded by the model role, pinned by the lock file beside the inventory: `pdnode model lock`) or "
+       "local://PATH (already on every host at pdnode_model_path, validated there); unset: the operator puts the "
+       "weights at pdnode_model_path"),
+    _F("pdnode_model_endpoint", "str_or_none", None, "the HF-compatible endpoint hf:// sources come from (a site "
+       "mirror, http(s)://HOST[:PORT][/PATH]); unset: huggingface_hub's default"),
+    _F("pdnode_model_token_file", "str_or_none", None, "controller file holding the hub token of a gated model "
+       "(relative paths as for pdnode_api_key_file); read on the controller, on the host only while a download "
+       "runs (mode 0600), never in a unit, an argv or a log"),
     _F("pdnode_model_load_format", "str_or_none", None, "SGLang --load-format (dummy: random weights)"),
     _F("pdnode_model_weights_gb", "float_or_none", None, "weight size in GB (1e9 bytes) for the capacity check; "
        "overrides pdnode_model_controller_path"),

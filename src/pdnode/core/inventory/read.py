@@ -32,7 +32,7 @@ from .deferred import Deferred
 from .guard import guard, needs
 from .limits import InventoryError, check_limits
 
-__all__ = ["HostVars", "InventoryError", "inventory_hosts", "inventory_variables", "load_inventory"]
+__all__ = ["HostVars", "InventoryError", "inventory_dirs", "inventory_hosts", "inventory_variables", "load_inventory"]
 
 VAULT_PLACEHOLDER = "<vault>"  # the plan never needs a secret's value, only that it is set
 
@@ -54,6 +54,7 @@ class HostVars:
     groups: tuple[str, ...]
     variables: dict[str, Any]
     sources: dict[str, str]  # variable -> file it came from (for messages)
+    inventory_dir: str | None = None  # Ansible's inventory_dir of the host (the model's lock file is there)
 
 
 def _source_of(path: Path) -> Path:
@@ -221,7 +222,9 @@ def _resolve_cached(_key: tuple, source: str) -> _Resolved:
                         sources[name] = _relative(origin.path, base)
                 groups = ("all",) + tuple(sorted(str.__str__(g.name) for g in host.get_groups() if g.name != "all"))
                 name = str.__str__(host.name)
-                out[name] = HostVars(host=name, groups=groups, variables=variables, sources=sources)
+                where = raw.get("inventory_dir")
+                out[name] = HostVars(host=name, groups=groups, variables=variables, sources=sources,
+                                     inventory_dir=str.__str__(where) if isinstance(where, str) else None)
             return _Resolved(hosts=out)
     except AnsibleError as exc:
         raise InventoryError(f"{source}: {_first_line(exc)}") from None
@@ -250,7 +253,13 @@ def load_inventory(path: str | Path, host: str | None = None) -> HostVars:
         raise InventoryError(f"{path}: no host {host!r} (hosts: {', '.join(sorted(hosts))})")
     found = hosts[host]
     return HostVars(host=found.host, groups=found.groups, variables=copy.deepcopy(found.variables),
-                    sources=dict(found.sources))
+                    sources=dict(found.sources), inventory_dir=found.inventory_dir)
+
+
+def inventory_dirs(path: str | Path) -> dict[str, str | None]:
+    """Every host of the inventory -> Ansible's inventory_dir for it (where the model's
+    lock file is: build_plan(..., inventory_dir=...))."""
+    return {name: hv.inventory_dir for name, hv in sorted(_resolve(path).hosts.items())}
 
 
 def inventory_variables(path: str | Path) -> dict[str, dict[str, Any]]:

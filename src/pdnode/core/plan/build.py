@@ -17,6 +17,7 @@ from typing import Any
 
 from ...node import releases
 from . import cluster, kv_path, managed
+from . import model as model_plan
 from ..inventory import deferred
 from ..rules import argtable, disagg, environment_types, guards, mooncake_select, router_judge, values
 from ..resources import controller_dir
@@ -91,6 +92,9 @@ class Plan:
     cluster: dict[str, Any] = field(default_factory=dict)
     firewall: dict[str, Any] = field(default_factory=dict)
     warnings: list[Problem] = field(default_factory=list)
+    # Where the model comes from and what its files state (pdnode.core.plan.model); {}
+    # when the inventory names no pdnode_model_source.
+    model: dict[str, Any] = field(default_factory=dict)
 
     def engines(self, role: str | None = None) -> list[dict[str, Any]]:
         return [s for s in self.services.values()
@@ -103,7 +107,7 @@ class Plan:
         doc = {
             "schema": SCHEMA_ID, "host": self.host, "install": self.install, "services": self.services,
             "router_argv": self.router_argv() if "router" in self.services else [], "ports": self.ports,
-            "settings": self.settings, "cluster": self.cluster, "firewall": self.firewall,
+            "settings": self.settings, "cluster": self.cluster, "firewall": self.firewall, "model": self.model,
             "warnings": [str(w) for w in self.warnings],
             # every path the deploy's roles write, its mode and owner, what a re-run restores
             "managed": managed.paths(self.install, self.services, bool(self.settings.get("pdnode_api_key_file"))),
@@ -295,10 +299,11 @@ def _check_thresholds(c: _Checker, thresholds: Any) -> None:
 
 
 def build_plan(variables: dict[str, Any], host: str = "node",
-               inventory: Mapping[str, Mapping[str, Any]] | None = None) -> Plan:
+               inventory: Mapping[str, Mapping[str, Any]] | None = None, inventory_dir: str | None = None) -> Plan:
     """Validate a node description and derive the plan of ``host``; raise PlanError with
     all problems. ``inventory`` maps every inventory host to its variables (only the
-    hosts a multi-host layout names are read: their address and layout description)."""
+    hosts a multi-host layout names are read: their address and layout description);
+    ``inventory_dir`` (Ansible's inventory_dir) holds the model's lock file."""
     c = _Checker(variables)
     _deferred(c)
     if c.problems:  # what the value is, is not known: the rest would judge a template's text
@@ -323,6 +328,16 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     if v["pdnode_model_kind"] is not None and v["pdnode_model_kind"] not in MODEL_KINDS:
         c.error("model-kind-known",
                 "pdnode_model_kind", v["pdnode_model_kind"], "unknown model kind", f"use one of {', '.join(MODEL_KINDS)}")
+    # The model's own files, where a source pins them: the facts the inventory need not type.
+    model, facts = model_plan.resolve(c.error, c.warn, v, inventory_dir, REPO_ROOT)
+    if facts is not None:
+        v["pdnode_model_kind"] = v["pdnode_model_kind"] or facts.kind
+        v["pdnode_model_controller_path"] = v["pdnode_model_controller_path"] or str(facts.directory)
+    elif v["pdnode_model_kind"] is None and "pdnode_model_kind" not in {p.field for p in c.problems}:
+        c.error("model-kind-needed", "pdnode_model_kind", None,
+                "is not set, and no model files say it (pdnode_model_source hf:// with its lock and cache)",
+                f"set pdnode_model_kind ({', '.join(MODEL_KINDS)}), or name the model with pdnode_model_source "
+                "and run `pdnode model lock INVENTORY`")
     if isinstance(v["pdnode_model_path"], str) and not v["pdnode_model_path"].startswith("/"):
         c.error("model-path-absolute", "pdnode_model_path", v["pdnode_model_path"],
                 "must be an absolute local path (otherwise SGLang and the router try to reach a model hub)",
@@ -374,7 +389,7 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     inst_rules.check_prefill_dp_replicas(c, engines)
     inst_rules.check_attention_tp(c, engines, kind)
     inst_rules.check_hicache_hisparse(c, engines)
-    _check_capacity(c, v, engines, skip)
+    _check_capacity(c, v, engines, skip, facts)
     ib_map = _check_transfer(c, v["pdnode_transfer_backend"], v["pdnode_ib_devices"],
                              sorted({g for i in engines if host in i.hosts for g in i.gpus}))
     kv = None
@@ -400,6 +415,12 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     if c.problems or layout is None:
         raise PlanError(c.problems)
     plan = _derive(v, engines, ib_map, ports, c.warnings, layout, kv)
+    plan.model = model or {}
+    if plan.model.get("commit"):
+        # The commit is part of what an engine started with: a new one restarts each
+        # engine by the deploy's drain-and-restart, as a changed argument does.
+        for svc in plan.engines():
+            svc["environment"]["PDNODE_MODEL_COMMIT"] = plan.model["commit"]
     if "router" in plan.services:
         # The router package decides whether it starts with these arguments: ask it (the
         # plan's argv, the keys the launcher adds), once everything else holds.
@@ -412,7 +433,8 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     return plan
 
 
-def _check_capacity(c: _Checker, v: dict[str, Any], engines: list[Instance], skip: set[str]) -> None:
+def _check_capacity(c: _Checker, v: dict[str, Any], engines: list[Instance], skip: set[str],
+                    facts: model_plan.ModelFacts | None = None) -> None:
     """Do the weights fit each instance's GPUs (with KV room)? Only when the inventory
     says how big they are (pdnode_model_weights_gb or pdnode_model_controller_path)."""
     from ..rules import capacity  # reads files only when a controller path is set
@@ -420,7 +442,10 @@ def _check_capacity(c: _Checker, v: dict[str, Any], engines: list[Instance], ski
     if {"pdnode_model_weights_gb", "pdnode_model_controller_path"} & skip:
         return
     try:
-        found = capacity.weight_bytes(v, REPO_ROOT)
+        if facts is not None and facts.weight_bytes and v["pdnode_model_weights_gb"] is None:
+            found: tuple[int, str] | None = (facts.weight_bytes, facts.weight_source)
+        else:
+            found = capacity.weight_bytes(v, REPO_ROOT)
     except capacity.WeightsError as exc:
         c.error(exc.rule_id, exc.field, exc.value, exc.rule, exc.fix)
         return

@@ -46,7 +46,7 @@ def load_plan(inventory: str, host: str | None = None) -> Loaded:
     except InventoryError as exc:
         raise Unplannable(str(exc), EXIT_CANNOT_RUN) from None
     try:
-        plan = build_plan(hv.variables, hv.host, peers)
+        plan = build_plan(hv.variables, hv.host, peers, hv.inventory_dir)
     except PlanError as exc:
         n = len(exc.problems)
         raise Unplannable(f"the inventory {inventory} is invalid ({n} problem{'s' * (n != 1)}; `pdnode check "

@@ -360,10 +360,61 @@ class FirewallView(TypedDict):
     port_rules: list[str]  # the input chain's port rules, in order, as nft reads them
 
 
+class ModelToken(TypedDict):
+    src: str  # the controller's token file (pdnode_model_token_file)
+    dest: str  # where the role puts it (0600) while the download runs
+
+
+class ModelView(TypedDict):
+    """The model role's view (pdnode.core.plan.roles.model); {"enabled": false} without a
+    source (or when the plan has no lock to read)."""
+    enabled: bool
+    scheme: NotRequired[Literal["hf", "local"]]
+    argv: NotRequired[list[str]]  # pdnode.node.model_fetch with the spec on stdin
+    token: NotRequired[ModelToken | None]
+    spec: NotRequired[dict[str, Any]]  # pdnode.node.model_fetch's spec
+
+
 class RoleViews(TypedDict):
     """Each role's view of the plan (pdnode.core.plan.roles): what it reads, computed."""
     pd_services: PdServicesView
     firewall: FirewallView
+    model: ModelView
+
+
+class ModelFactsDoc(TypedDict):
+    """What the model's own files state (pdnode.core.plan.model_facts)."""
+    kind: Literal["dense", "moe", "moe_mla"]
+    architecture: str | None
+    weight_bytes: int | None
+    weight_source: str
+    kv_bytes_per_token: int | None
+    dtype: str | None
+    quantization: str | None
+
+
+class Model(TypedDict):
+    """Where the model comes from (pdnode.core.plan.model); the plan's ``model`` is {}
+    when the inventory names no pdnode_model_source."""
+    source: str
+    scheme: Literal["hf", "local"]
+    path: str | None  # pdnode_model_path: where the engines read it on the host
+    endpoint: str | None
+    token_file: str | None
+    repo: NotRequired[str]  # hf: ORG/NAME
+    revision: NotRequired[str]  # hf: as the source writes it
+    lock_file: NotRequired[str | None]
+    commit: NotRequired[str]  # hf: what the lock pins
+    files: NotRequired[int]
+    total_bytes: NotRequired[int]
+    gated: NotRequired[bool]
+    lock: NotRequired[dict[str, Any]]  # the lock file's document (pdnode.model-lock/1): what the hosts verify
+    cache: NotRequired[str]  # the controller's copy of the commit's small files
+    facts: NotRequired[ModelFactsDoc]
+
+
+class NoModel(TypedDict):
+    """The plan's ``model`` of an inventory without a pdnode_model_source: {}."""
 
 
 class PlanDoc(TypedDict):
@@ -377,6 +428,7 @@ class PlanDoc(TypedDict):
     settings: Settings
     cluster: Cluster
     firewall: Firewall
+    model: Model | NoModel
     warnings: list[str]
     managed: list[ManagedPath]  # every path the deploy's roles write (pdnode.core.plan.managed)
     roles: RoleViews  # what each role reads (pdnode.core.plan.roles)

@@ -45,6 +45,21 @@ RULES: tuple[Rule, ...] = (
     # --- single settings
     Rule("engine-known", "error", "`pdnode_engine` is sglang or sim"),
     Rule("model-kind-known", "error", "`pdnode_model_kind` is moe_mla, moe or dense"),
+    Rule("model-kind-needed", "error", "`pdnode_model_kind` is set, or the model's files (an hf:// source with its "
+         "lock and cache) state it"),
+    # --- where the model comes from (pdnode_model_source; docs/model.md)
+    Rule("model-source-form", "error", "`pdnode_model_source` is hf://ORG/NAME[@REVISION] or local:///PATH"),
+    Rule("model-endpoint-form", "error", "`pdnode_model_endpoint` is an http(s) URL: host, optional port and path"),
+    Rule("model-token-file", "error", "`pdnode_model_token_file` is a readable file on the controller"),
+    Rule("model-source-local-path", "error", "a local:// source names `pdnode_model_path` itself"),
+    Rule("model-lock-missing", "error", "an hf:// source is pinned by model.lock.json beside the inventory "
+         "(`pdnode model lock`)"),
+    Rule("model-lock-readable", "error", "the model lock is a readable pdnode.model-lock/1 JSON file"),
+    Rule("model-lock-stale", "error", "the model lock pins the repository and revision the source names"),
+    Rule("model-cache-missing", "warning", "the locked commit's config files are in the controller's cache "
+         "(else typed model facts are not checked against them)"),
+    Rule("model-fact-contradicts-files", "error", "a typed `pdnode_model_kind`, `pdnode_model_weights_gb` or "
+         "`pdnode_model_kv_bytes_per_token` agrees with the model's own files"),
     Rule("model-path-absolute", "error", "`pdnode_model_path` is an absolute local path (never a hub name)"),
     Rule("path-absolute", "error", "`pdnode_install_root` and `pdnode_config_dir` are absolute paths"),
     Rule("path-length", "error", "a host path is at most 200 characters"),

@@ -10,6 +10,8 @@ import json
 import re
 from typing import Any
 
+from ....node import releases
+
 MARKER = ".pdnode-release"
 # What `python3 -m venv` and Ansible's pip module need on the host.
 VENV_PACKAGES = ["python3-venv", "python3-packaging"]
@@ -32,6 +34,8 @@ def release(*, engine: str, python: str, version: str, mooncake_version: str, ro
     system = VENV_PACKAGES + (list(sim_system_packages) if sim else [])
     packages = [router_requirement] + (list(sim_packages) + [f"mooncake-transfer-engine-non-cuda=={mooncake_version}"]
                                        if engine != "sglang" else [f"sglang=={version}"])
+    # the model role's download client (pdnode.node.model_fetch), pinned in either venv
+    packages.append(f"huggingface_hub=={releases.HUGGINGFACE_HUB}")
     release_marker = nice_json({"system": system, "packages": packages, "wheelhouse": wheelhouse})
     router_marker = nice_json({"python": python, "packages": [router_requirement]})
     bundle_id = bundle_sha256[:12]

@@ -1,0 +1,194 @@
+"""A real HF-compatible server on the loopback, serving model repositories made here.
+
+The tests and the demo download models the way a site does: huggingface_hub against an
+endpoint. Nothing here reaches a hub, so the endpoint is olah (a maintained HF mirror
+server) in its offline mode, serving local git repositories from its mirrors path: a
+repository is a git work tree at ``MIRRORS/models/ORG/NAME`` whose ``*.safetensors`` are
+committed as LFS pointers with their objects in ``.git/lfs/objects`` (the layout git-lfs
+writes). olah then answers model_info, list_repo_tree (sizes and LFS sha256), HEAD and GET
+of /resolve/, as the hub does. What it does not do, and what that means for the tests:
+it ignores Range (a resumed file starts again from byte 0) and has no gated repositories.
+
+    python -m pdnode.standin.model_hub serve DIR   # serve DIR/mirrors on a free port
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+_GIT_ENV = {"GIT_AUTHOR_NAME": "pdnode", "GIT_AUTHOR_EMAIL": "pdnode@localhost", "GIT_COMMITTER_NAME": "pdnode",
+            "GIT_COMMITTER_EMAIL": "pdnode@localhost", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+_ACCESS = re.compile(r'"(GET|HEAD) /(?:api/models/)?(?P<repo>[^/ ]+/[^/ ]+)/resolve/(?P<rev>[^/ ]+)/(?P<file>[^ ?"]+)'
+                     r'[^"]*" (?P<status>\d{3})')
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, **_GIT_ENV}
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _pointer(blob_sha: str, size: int) -> str:
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{blob_sha}\nsize {size}\n"
+
+
+def commit_files(mirrors: Path, repo_id: str, files: dict[str, bytes | Path], message: str = "update",
+                 remove: tuple[str, ...] = ()) -> str:
+    """Write FILES (name -> bytes, or a file to copy) into the repository REPO_ID under
+    MIRRORS (created on first use, branch main), remove REMOVE, commit; the new commit."""
+    repo = mirrors / "models" / repo_id
+    if not (repo / ".git").is_dir():
+        repo.mkdir(parents=True, exist_ok=True)
+        _git(repo, "init", "-q", "-b", "main")
+        (repo / ".gitattributes").write_text("".join(f"*{s} filter=lfs diff=lfs merge=lfs -text\n"
+                                                     for s in LFS_SUFFIXES))
+    for name in remove:
+        _git(repo, "rm", "-q", "--", name)
+    for name, content in files.items():
+        target = repo / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith(LFS_SUFFIXES):
+            # The object where git-lfs keeps it, the pointer in the tree.
+            digest, size = hashlib.sha256(), 0
+            obj_tmp = repo / ".git" / "lfs" / "tmp-object"
+            obj_tmp.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, Path):
+                shutil.copyfile(content, obj_tmp)
+            else:
+                obj_tmp.write_bytes(content)
+            with open(obj_tmp, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    digest.update(chunk)
+                    size += len(chunk)
+            oid = digest.hexdigest()
+            obj = repo / ".git" / "lfs" / "objects" / oid[:2] / oid[2:4] / oid
+            obj.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(obj_tmp, obj)
+            target.write_text(_pointer(oid, size))
+        elif isinstance(content, Path):
+            shutil.copyfile(content, target)
+        else:
+            target.write_bytes(content)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", message)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Hub:
+    """olah on 127.0.0.1, offline, serving ``root/mirrors``; its access log counts requests."""
+
+    def __init__(self, root: Path, port: int | None = None):
+        self.root = root
+        self.mirrors = root / "mirrors"
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = root / "olah.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60) -> Hub:
+        for d in ("mirrors", "repos", "logs"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        config = self.root / "olah.toml"
+        # No upstream: hf-netloc is the discard port, never contacted while offline.
+        config.write_text(f"""[basic]
+host = "127.0.0.1"
+port = {self.port}
+repos-path = "{self.root / 'repos'}"
+mirrors-path = ["{self.mirrors}"]
+hf-scheme = "http"
+hf-netloc = "127.0.0.1:9"
+hf-lfs-netloc = "127.0.0.1:9"
+mirror-scheme = "http"
+mirror-netloc = "127.0.0.1:{self.port}"
+mirror-lfs-netloc = "127.0.0.1:{self.port}"
+
+[accessibility]
+offline = true
+proxy = [{{ repo = "*", allow = true }}, {{ repo = "*/*", allow = true }}]
+cache = [{{ repo = "*", allow = true }}, {{ repo = "*/*", allow = true }}]
+""")
+        cli = Path(sys.executable).parent / "olah-cli"
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([str(cli), "-c", str(config), "--log-path", str(self.root / "logs")],
+                                         cwd=self.root, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:  # a wait ends when the awaited thing dies
+                raise RuntimeError(f"olah exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"olah did not listen on {self.url} within {timeout_s:g} s: {self.tail()}")
+
+    def tail(self, n: int = 5) -> str:
+        try:
+            return " | ".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "no log"
+
+    def downloads(self) -> Counter[str]:
+        """File name -> GETs of it the server answered 200 (HEADs are not downloads)."""
+        got: Counter[str] = Counter()
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return got
+        for m in _ACCESS.finditer(text):
+            if m.group(1) == "GET" and m.group("status") == "200":
+                got[m.group("file")] += 1
+        return got
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def __enter__(self) -> Hub:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "serve":
+        print("usage: python -m pdnode.standin.model_hub serve DIR", file=sys.stderr)
+        return 2
+    hub = Hub(Path(argv[1]).resolve()).start()
+    print(json.dumps({"url": hub.url, "pid": hub.proc.pid if hub.proc else None}), flush=True)
+    try:
+        assert hub.proc is not None
+        return hub.proc.wait()
+    except KeyboardInterrupt:
+        hub.stop()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
