@@ -21,6 +21,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "day2: a day-2 test of the node (layouts, upgrade): scenario day2 runs them")
     config.addinivalue_line("markers", "repair: how a deploy repairs the node (drift matrix, interrupted deploys): "
                             "scenario repair runs them")
+    config.addinivalue_line("markers", "model: the model role against a real HF-compatible server: scenario model "
+                            "runs them")
 
 
 # What the node's services logged around a failed test, in the test's report: the

@@ -9,7 +9,7 @@ writes). olah then answers model_info, list_repo_tree (sizes and LFS sha256), HE
 of /resolve/, as the hub does. What it does not do, and what that means for the tests:
 it ignores Range (a resumed file starts again from byte 0) and has no gated repositories.
 
-    python -m pdnode.standin.model_hub serve DIR   # serve DIR/mirrors on a free port
+    python -m pdnode.standin.model_hub serve DIR [--host ADDRESS]   # DIR/mirrors on a free port
 """
 
 from __future__ import annotations
@@ -27,8 +27,12 @@ from collections import Counter
 from pathlib import Path
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+# Fixed names and dates: the same files committed on the same parent give the same commit
+# everywhere, so a lock written once (the demo's) stays true for every machine that makes it.
 _GIT_ENV = {"GIT_AUTHOR_NAME": "pdnode", "GIT_AUTHOR_EMAIL": "pdnode@localhost", "GIT_COMMITTER_NAME": "pdnode",
-            "GIT_COMMITTER_EMAIL": "pdnode@localhost", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+            "GIT_COMMITTER_EMAIL": "pdnode@localhost", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+00:00",
+            "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+00:00", "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_CONFIG_NOSYSTEM": "1"}
 _ACCESS = re.compile(r'"(GET|HEAD) /(?:api/models/)?(?P<repo>[^/ ]+/[^/ ]+)/resolve/(?P<rev>[^/ ]+)/(?P<file>[^ ?"]+)'
                      r'[^"]*" (?P<status>\d{3})')
 
@@ -92,13 +96,15 @@ def free_port() -> int:
 
 
 class Hub:
-    """olah on 127.0.0.1, offline, serving ``root/mirrors``; its access log counts requests."""
+    """olah offline, serving ``root/mirrors`` on ``host`` (loopback unless a container must
+    reach it: then its network's gateway, never every address); its access log counts requests."""
 
-    def __init__(self, root: Path, port: int | None = None):
+    def __init__(self, root: Path, port: int | None = None, host: str = "127.0.0.1"):
         self.root = root
         self.mirrors = root / "mirrors"
+        self.host = host
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.log = root / "olah.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -108,7 +114,7 @@ class Hub:
         config = self.root / "olah.toml"
         # No upstream: hf-netloc is the discard port, never contacted while offline.
         config.write_text(f"""[basic]
-host = "127.0.0.1"
+host = "{self.host}"
 port = {self.port}
 repos-path = "{self.root / 'repos'}"
 mirrors-path = ["{self.mirrors}"]
@@ -116,8 +122,8 @@ hf-scheme = "http"
 hf-netloc = "127.0.0.1:9"
 hf-lfs-netloc = "127.0.0.1:9"
 mirror-scheme = "http"
-mirror-netloc = "127.0.0.1:{self.port}"
-mirror-lfs-netloc = "127.0.0.1:{self.port}"
+mirror-netloc = "{self.host}:{self.port}"
+mirror-lfs-netloc = "{self.host}:{self.port}"
 
 [accessibility]
 offline = true
@@ -134,7 +140,7 @@ cache = [{{ repo = "*", allow = true }}, {{ repo = "*/*", allow = true }}]
             if self.proc.poll() is not None:  # a wait ends when the awaited thing dies
                 raise RuntimeError(f"olah exited with {self.proc.returncode}: {self.tail()}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                with socket.create_connection((self.host, self.port), timeout=1):
                     return self
             except OSError:
                 time.sleep(0.1)
@@ -177,10 +183,10 @@ cache = [{{ repo = "*", allow = true }}, {{ repo = "*/*", allow = true }}]
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] != "serve":
-        print("usage: python -m pdnode.standin.model_hub serve DIR", file=sys.stderr)
+    if len(argv) not in (2, 4) or argv[0] != "serve" or (len(argv) == 4 and argv[2] != "--host"):
+        print("usage: python -m pdnode.standin.model_hub serve DIR [--host ADDRESS]", file=sys.stderr)
         return 2
-    hub = Hub(Path(argv[1]).resolve()).start()
+    hub = Hub(Path(argv[1]).resolve(), host=argv[3] if len(argv) == 4 else "127.0.0.1").start()
     print(json.dumps({"url": hub.url, "pid": hub.proc.pid if hub.proc else None}), flush=True)
     try:
         assert hub.proc is not None
