@@ -60,7 +60,7 @@ def test_lock_pins_the_branch_and_fills_the_cache(inventory, hub, tmp_path):
     env = {"PDNODE_CACHE_DIR": str(tmp_path / "cache")}
     r = _run(*PDNODE, "model", "lock", str(inventory), env=env)
     assert r.returncode == 0, r.stderr
-    lock = model_source.read_lock(inventory / "model.lock.json")
+    lock = model_source.read_lock(inventory / ".model.lock.json")
     assert lock is not None and lock.commit == hub.first and "wrote" in r.stdout
     sizes = {f.path: (f.size, f.sha256 is not None) for f in lock.files}
     assert sizes["model-00001-of-00002.safetensors"] == (3_000_000, True)
@@ -80,10 +80,10 @@ def test_a_moved_branch_moves_the_lock_only_when_asked(inventory, hub, tmp_path)
     second = commit_files(hub.mirrors, "org/tiny", {"tokenizer.json": b'{"version": "2.0"}'}, "second")
     try:
         assert _run(*PDNODE, "model", "lock", str(inventory), env=env).stdout.startswith("current:")
-        assert model_source.read_lock(inventory / "model.lock.json").commit == hub.first
+        assert model_source.read_lock(inventory / ".model.lock.json").commit == hub.first
         r = _run(*PDNODE, "model", "lock", "--update", str(inventory), env=env)
         assert r.returncode == 0 and f"was {hub.first}" in r.stdout
-        assert model_source.read_lock(inventory / "model.lock.json").commit == second
+        assert model_source.read_lock(inventory / ".model.lock.json").commit == second
     finally:  # the branch back where the other tests expect it
         subprocess.run(["git", "reset", "-q", "--hard", hub.first], cwd=hub.mirrors / "models" / "org/tiny",
                        check=True)
@@ -98,7 +98,25 @@ def test_unknown_repositories_and_revisions_are_refused_in_one_line(inventory, h
         f"pdnode_model_source: {source}\npdnode_model_endpoint: {hub.url}\n")
     r = _run(*PDNODE, "model", "lock", str(inventory), env={"PDNODE_CACHE_DIR": str(tmp_path / "cache")})
     assert r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert "Traceback" not in r.stderr and not (inventory / "model.lock.json").exists()
+    assert "Traceback" not in r.stderr and not (inventory / ".model.lock.json").exists()
+
+
+def test_a_repository_refused_to_the_caller_says_what_to_give_and_never_shows_the_token(inventory, hub, tmp_path):
+    commit_files(hub.mirrors, "gated/model", {"config.json": b"{}"}, "gated")
+    (inventory / "group_vars" / "all" / "model.yml").write_text(
+        f"pdnode_model_source: hf://gated/model@main\npdnode_model_endpoint: {hub.url}\n")
+    env = {"PDNODE_CACHE_DIR": str(tmp_path / "cache")}
+    r = _run(*PDNODE, "model", "lock", str(inventory), env=env)
+    assert r.returncode == 1 and "give pdnode_model_token_file" in r.stderr, r.stderr
+    token = tmp_path / "hf-token"
+    token.write_text("hf_notAcceptedHere123\n")
+    token.chmod(0o600)
+    with (inventory / "group_vars" / "all" / "model.yml").open("a") as fh:
+        fh.write(f"pdnode_model_token_file: {token}\n")
+    r = _run(*PDNODE, "model", "lock", str(inventory), env=env)
+    assert r.returncode == 1 and "the token cannot see it" in r.stderr, r.stderr
+    assert "hf_notAcceptedHere123" not in r.stderr + r.stdout
+    assert not (inventory / ".model.lock.json").exists()
 
 
 def test_an_unreachable_endpoint_is_named(inventory, tmp_path):

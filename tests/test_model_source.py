@@ -64,7 +64,7 @@ def _lock(source="hf://org/tiny@main", commit=COMMIT) -> Lock:
 
 
 def test_the_lock_text_reads_back_and_lists_a_file_per_line(tmp_path):
-    path = tmp_path / "model.lock.json"
+    path = tmp_path / ".model.lock.json"
     path.write_text(_lock().text())
     assert model_source.read_lock(path) == _lock()
     lines = path.read_text().splitlines()
@@ -80,7 +80,7 @@ def test_the_lock_text_reads_back_and_lists_a_file_per_line(tmp_path):
 ])
 def test_a_broken_lock_is_refused_with_the_fix(tmp_path, broken):
     doc = {**_lock().as_dict(), **broken}
-    path = tmp_path / "model.lock.json"
+    path = tmp_path / ".model.lock.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(SourceError, match="pdnode model lock"):
         model_source.read_lock(path)
@@ -97,7 +97,7 @@ def hf_inventory(tmp_path, monkeypatch, gpu01_vars):
                  *(ManifestFile(f"model-{i:05d}-of-00163.safetensors", 1_000_000_000, f"{i:064x}")
                    for i in range(1, 164))))
     (tmp_path / "inv").mkdir()
-    (tmp_path / "inv" / "model.lock.json").write_text(lock.text())
+    (tmp_path / "inv" / ".model.lock.json").write_text(lock.text())
     cache = model_source.cache_path(lock.repo, lock.commit)
     cache.mkdir(parents=True)
     shutil.copy(MODELS / "deepseek-ai--DeepSeek-V3" / "config.json", cache / "config.json")

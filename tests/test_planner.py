@@ -296,12 +296,12 @@ def test_layouts_cover_the_gpus_once_with_power_of_two_instances():
 def test_what_the_plan_refuses_is_never_deployable(monkeypatch):
     variables = load_inventory(DEMO).variables
 
-    def refusing(trial, host="node"):  # a plan that refuses every TP-1 decode instance
+    def refusing(trial, host="node", inventory=None, inventory_dir=None):  # refuses every TP-1 decode
         for i, inst in enumerate(trial["pdnode_decode_instances"]):
             if inst["tp_size"] == 1:
                 raise PlanError([Problem(rule_id="test", field=f"pdnode_decode_instances[{i}].tp_size", value=1,
                                          rule="too small", fix="use 2")])
-        return build_plan(trial, host)
+        return build_plan(trial, host, inventory, inventory_dir)
 
     monkeypatch.setattr(planner_layouts, "build_plan", refusing)
     judged = [planner_layouts.judge(c, variables, "pdnode-demo")

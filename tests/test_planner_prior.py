@@ -373,3 +373,14 @@ def test_the_calibrated_picture_shows_the_measured_runs_beside_the_prior(moe_inv
     assert main(["plan", str(moe_inv), "--isl", str(ISL), "--osl", str(OSL), *FAST, "--top", "3",
                  "--plot", str(alone)]) == 0
     assert "measured (bench)" not in alone.read_text()
+
+
+def test_the_prior_takes_the_model_from_an_hf_source(tmp_path, capsys):
+    from pdnode.core.inventory.model_source import Lock, ManifestFile
+
+    # a model directory named otherwise: only the source says which model it is
+    inv = inventory(tmp_path, MOE, pdnode_model_path="/models/served", pdnode_model_source=f"hf://{MOE}@main")
+    (inv / ".model.lock.json").write_text(Lock(f"hf://{MOE}@main", MOE, "main", "7" * 40, (
+        ManifestFile("config.json", 1000, None), ManifestFile("model.safetensors", 31_000_000_000, "8" * 64))).text())
+    doc = plan_json(capsys, inv, "--isl", "100", "--osl", "10")
+    assert MOE in json.dumps(doc)

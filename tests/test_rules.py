@@ -281,7 +281,7 @@ def test_the_model_files_case_triggers_its_rule(gpu01_vars, tmp_path, monkeypatc
     monkeypatch.setenv("PDNODE_CACHE_DIR", str(tmp_path / "cache"))
     lock = Lock("hf://zai-org/GLM-4.5-Air-FP8@main", "zai-org/GLM-4.5-Air-FP8", "main", "c" * 40,
                 (ManifestFile("config.json", 100, None), ManifestFile("model.safetensors", 110_000_000_000, "d" * 64)))
-    (tmp_path / "model.lock.json").write_text("{not json" if setup == "broken-lock" else lock.text())
+    (tmp_path / ".model.lock.json").write_text("{not json" if setup == "broken-lock" else lock.text())
     if setup == "lock":
         cache = cache_path(lock.repo, lock.commit)
         cache.mkdir(parents=True)

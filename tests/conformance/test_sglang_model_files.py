@@ -38,7 +38,7 @@ def _inventory(tmp: Path, quantization: str | None) -> Path:
         "pdnode_model_kind": None, "pdnode_model_weights_gb": None}))
     lock = Lock("hf://Qwen/Qwen3-30B-A3B-FP8@main", "Qwen/Qwen3-30B-A3B-FP8", "main", COMMIT,
                 (ManifestFile("config.json", 1000, None), ManifestFile("model.safetensors", 31_000_000_000, "e" * 64)))
-    (inv / "model.lock.json").write_text(lock.text())
+    (inv / ".model.lock.json").write_text(lock.text())
     return inv
 
 

@@ -126,7 +126,7 @@ def sha256_on_host(host, path: str) -> str:
 
 
 def test_the_first_deploy_downloads_each_file_once(host, hub, model_inv):
-    locked = model_source.read_lock(model_inv / "model.lock.json")
+    locked = model_source.read_lock(model_inv / ".model.lock.json")
     assert locked is not None and locked.commit == hub.first
     before = hub.downloads()
     deploy(model_inv)
@@ -212,7 +212,7 @@ def test_back_to_the_previous_commit_downloads_nothing(host, hub, model_inv):
 
 
 def test_the_checksums_on_the_host_are_the_locks(host, model_inv):
-    locked = model_source.read_lock(model_inv / "model.lock.json")
+    locked = model_source.read_lock(model_inv / ".model.lock.json")
     for f in locked.files:
         if f.sha256:
             assert sha256_on_host(host, f"{MODEL_PATH}/{f.path}") == f.sha256, f.path

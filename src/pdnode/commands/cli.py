@@ -306,7 +306,7 @@ OPTIONAL_HELP = {
              "1 bad input or failures, 2 could not run)",
     "runbooks": "write this inventory's per-host runbooks (its units, ports, paths, commands) to "
                 ".cache/runbooks/<host>/",
-    "model": "pin the inventory's hf:// model to a commit (model.lock.json beside it) and cache its config files "
+    "model": "pin the inventory's hf:// model to a commit (.model.lock.json beside it) and cache its config files "
              "for `pdnode check`",
 }
 

@@ -2,7 +2,7 @@
 
 It asks the endpoint (huggingface_hub, the same client the hosts download with) what the
 source's revision is now, writes the commit and its manifest (every file's path, size and
-LFS sha256) to model.lock.json beside the inventory, and copies the commit's small files
+LFS sha256) to .model.lock.json beside the inventory, and copies the commit's small files
 (config.json, the safetensors index, hf_quant_config.json, ...) into the controller's cache,
 so that `pdnode check` reads the model's facts offline. The operator commits the lock:
 every host and every later run then use that commit, whatever the branch does next.
@@ -34,10 +34,10 @@ class Refused(Exception):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("model", help="pin the inventory's hf:// model to a commit (model.lock.json beside it) and "
+    p = sub.add_parser("model", help="pin the inventory's hf:// model to a commit (.model.lock.json beside it) and "
                                      "cache its config files for `pdnode check`")
     verbs = p.add_subparsers(dest="verb", required=True)
-    lock = verbs.add_parser("lock", help="write or refresh model.lock.json beside the inventory")
+    lock = verbs.add_parser("lock", help="write or refresh .model.lock.json beside the inventory")
     lock.add_argument("inventory", help="inventory directory, e.g. inventories/gpu01")
     lock.add_argument("--update", action="store_true",
                       help="resolve the revision again (a branch's newest commit) even where the lock pins it")

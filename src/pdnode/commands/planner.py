@@ -180,7 +180,7 @@ def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
     from ..core.planner.layouts import enumerate_layouts, instance_entries, judge
 
     loaded = load_plan(args.inventory, args.host)  # Unplannable: pdnode's main says why
-    plan, variables, host = loaded.plan, loaded.variables, loaded.plan.host
+    plan, variables, host, inventory_dir = loaded.plan, loaded.variables, loaded.plan.host, loaded.inventory_dir
     settings = plan.settings
     runs = load_runs(args.measurements)
     workload = _workload(args, runs)
@@ -204,7 +204,7 @@ def plan_layouts(args: argparse.Namespace) -> dict[str, Any]:
                           "error": pr.request_s / r.request_s - 1})
     candidates = []
     for cand in enumerate_layouts(int(settings["pdnode_gpu_count"]), str(settings.get("pdnode_model_kind"))):
-        judge(cand, variables, host)
+        judge(cand, variables, host, inventory_dir)
         pred = predict(_shape(cand, args.batch_limit_per_rank), params, workload)
         candidates.append((cand, pred))
     deployable = [(c, p) for c, p in candidates if c.deployable]
@@ -350,11 +350,17 @@ class PriorRow:
         return f"limited by {c.bottleneck}; hand-off {_secs(self.handoff_s)} over {self.cand.kv_path}"
 
 
-def _prior_model(args: argparse.Namespace, settings: Mapping[str, Any], system: str, version: str) -> str:
-    """--prior-model, else the supported HF id named like pdnode_model_path's directory."""
+def _prior_model(args: argparse.Namespace, settings: Mapping[str, Any], system: str, version: str,
+                 model: Mapping[str, Any] | None = None) -> str:
+    """--prior-model, else the hf:// source's repository (the plan's model), else the
+    supported HF id named like pdnode_model_path's directory."""
     if args.prior_model:
         prior.check_model(args.prior_model, system, version)
         return args.prior_model
+    repo = (model or {}).get("repo")
+    if repo:
+        prior.check_model(repo, system, version)
+        return str(repo)
     path = str(settings.get("pdnode_model_path") or "")
     found = prior.model_for_path(path, system, version)
     if found is None:
@@ -460,11 +466,11 @@ def plan_prior(args: argparse.Namespace, mode: str) -> dict[str, Any]:
                            f"layout serves at its best batch, not under a given load; leave it out and bound the "
                            f"batch with --ttft-max, --tpot-max or --batch-limit-per-rank")
     loaded = load_plan(args.inventory, args.host)  # Unplannable: pdnode's main says why
-    plan, variables, host = loaded.plan, loaded.variables, loaded.plan.host
+    plan, variables, host, inventory_dir = loaded.plan, loaded.variables, loaded.plan.host, loaded.inventory_dir
     settings = plan.settings
     system = prior.system_for_gpu(str(settings.get("pdnode_gpu_model")))
     version = prior.default_version(system)
-    model = _prior_model(args, settings, system, version)
+    model = _prior_model(args, settings, system, version, plan.model)
     bench = load_bench(args.measurements or [])
     last = bench[-1][1].workload if bench else None
     isl = args.input_len if args.input_len is not None else (last.input_len if last else None)
@@ -482,7 +488,7 @@ def plan_prior(args: argparse.Namespace, mode: str) -> dict[str, Any]:
                           decode_scale=scales["decode"] if bench else None)
     rows = []
     for cand in enumerate_layouts(int(settings["pdnode_gpu_count"]), str(settings.get("pdnode_model_kind"))):
-        judge(cand, variables, host)
+        judge(cand, variables, host, inventory_dir)
         row = PriorRow(cand, rejected=cand.rejected)
         rows.append(row)
         if not cand.deployable:

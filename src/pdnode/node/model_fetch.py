@@ -2,7 +2,7 @@
 
     python -m pdnode.node.model_fetch [--check] [--deep] SPEC.json|-   # prints one JSON object
 
-SPEC (the plan's model view, on standard input for ``-``): ``scheme`` (hf or local), ``lock`` (the inventory's model.lock.json: repo,
+SPEC (the plan's model view, on standard input for ``-``): ``scheme`` (hf or local), ``lock`` (the inventory's .model.lock.json: repo,
 commit, every file's path, size and LFS sha256), ``path`` (pdnode_model_path), ``store``
 (where commits live), ``endpoint``, ``token_file`` (a host file, present only while the
 role runs this), ``deep`` (hash every file again), ``retries``, ``stall_timeout_s``,
@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         fetcher = Fetcher(spec)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(json.dumps({"error": f"the spec {rest[0]} is not usable ({type(exc).__name__}: {exc})"}))
+        print(json.dumps({"error": f"the spec {rest[0]} is not usable ({type(exc).__name__}: {exc})",
+                          "changed": False}))
         return 2
     if "--check" in flags:
         try:

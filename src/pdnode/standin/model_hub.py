@@ -7,9 +7,11 @@ repository is a git work tree at ``MIRRORS/models/ORG/NAME`` whose ``*.safetenso
 committed as LFS pointers with their objects in ``.git/lfs/objects`` (the layout git-lfs
 writes). olah then answers model_info, list_repo_tree (sizes and LFS sha256), HEAD and GET
 of /resolve/, as the hub does. What it does not do, and what that means for the tests:
-it ignores Range (a resumed file starts again from byte 0) and has no gated repositories.
+it ignores Range (a resumed file starts again from byte 0), and offline it checks no token:
+a repository under the organisation ``DENIED_ORG`` is refused to every caller (401, as the
+hub answers a private or gated repository the caller may not see), token or not.
 
-    python -m pdnode.standin.model_hub serve DIR [--host ADDRESS]   # DIR/mirrors on a free port
+    python -m pdnode.standin.model_hub serve DIR [--host ADDRESS] [--port N] [--demo]
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -27,6 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+DENIED_ORG = "gated"
 # Fixed names and dates: the same files committed on the same parent give the same commit
 # everywhere, so a lock written once (the demo's) stays true for every machine that makes it.
 _GIT_ENV = {"GIT_AUTHOR_NAME": "pdnode", "GIT_AUTHOR_EMAIL": "pdnode@localhost", "GIT_COMMITTER_NAME": "pdnode",
@@ -89,6 +94,35 @@ def commit_files(mirrors: Path, repo_id: str, files: dict[str, bytes | Path], me
     return _git(repo, "rev-parse", "HEAD")
 
 
+DEMO_REPO = "pdnode/demo-moe"
+
+
+def safetensors_file(tensors: dict[str, int], seed: int) -> bytes:
+    """A valid safetensors file of F32 vectors (name -> length) with seeded values."""
+    rng = random.Random(seed)  # noqa: S311 -- reproducible test bytes, not a secret
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    data = b""
+    for name, n in tensors.items():
+        blob = rng.randbytes(4 * n)
+        header[name] = {"dtype": "F32", "shape": [n], "data_offsets": [len(data), len(data) + len(blob)]}
+        data += blob
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def demo_repository(mirrors: Path, demo_files: Path) -> str:
+    """The demo model as a hub repository (its config and tokenizer, one small shard):
+    made once; the same commit on every machine (fixed names and dates). Its commit."""
+    repo = mirrors / "models" / DEMO_REPO
+    if (repo / ".git").is_dir():
+        return _git(repo, "rev-parse", "HEAD")
+    files: dict[str, bytes | Path] = {n: demo_files / n for n in ("config.json", "tokenizer.json",
+                                                                   "tokenizer_config.json")}
+    files["model.safetensors"] = safetensors_file({"model.embed_tokens.weight": 1024 * 256}, seed=1)
+    return commit_files(mirrors, DEMO_REPO, files, "the demo model")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -127,7 +161,7 @@ mirror-lfs-netloc = "{self.host}:{self.port}"
 
 [accessibility]
 offline = true
-proxy = [{{ repo = "*", allow = true }}, {{ repo = "*/*", allow = true }}]
+proxy = [{{ repo = "*", allow = true }}, {{ repo = "*/*", allow = true }}, {{ repo = "{DENIED_ORG}/*", allow = false }}]
 cache = [{{ repo = "*", allow = true }}, {{ repo = "*/*", allow = true }}]
 """)
         cli = Path(sys.executable).parent / "olah-cli"
@@ -182,12 +216,26 @@ cache = [{{ repo = "*", allow = true }}, {{ repo = "*/*", allow = true }}]
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) not in (2, 4) or argv[0] != "serve" or (len(argv) == 4 and argv[2] != "--host"):
-        print("usage: python -m pdnode.standin.model_hub serve DIR [--host ADDRESS]", file=sys.stderr)
-        return 2
-    hub = Hub(Path(argv[1]).resolve(), host=argv[3] if len(argv) == 4 else "127.0.0.1").start()
-    print(json.dumps({"url": hub.url, "pid": hub.proc.pid if hub.proc else None}), flush=True)
+    """serve DIR [--host ADDRESS] [--port N] [--demo]: olah over DIR/mirrors (with --demo,
+    the demo model's repository made there first); one JSON line {url, pid, commit}."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m pdnode.standin.model_hub")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    serve = sub.add_parser("serve")
+    serve.add_argument("dir")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--demo", action="store_true")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    root = Path(args.dir).resolve()
+    commit = None
+    if args.demo:
+        from ..core.resources import resource
+
+        commit = demo_repository(root / "mirrors", resource("playbooks", "files", "demo-moe"))
+    hub = Hub(root, port=args.port, host=args.host).start()
+    print(json.dumps({"url": hub.url, "pid": hub.proc.pid if hub.proc else None, "commit": commit}), flush=True)
     try:
         assert hub.proc is not None
         return hub.proc.wait()

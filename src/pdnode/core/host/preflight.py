@@ -50,7 +50,9 @@ def expectations(plan: dict[str, Any] | None, overrides: dict[str, Any] | None =
             "ports": dict(plan.get("ports") or {}),
             "nics": {str(k): v for k, v in (nics or {}).items()},
             "transfer_backend": s.get("pdnode_transfer_backend"),
-            "model_path": s.get("pdnode_model_path"),
+            # an hf:// model is not there yet: the model role downloads it, checking the
+            # disk first (pdnode.node.model_fetch); a local:// or hand-placed one must be
+            "model_path": None if (plan.get("model") or {}).get("scheme") == "hf" else s.get("pdnode_model_path"),
             "own_unit_prefix": s.get("pdnode_service_prefix"),
             "engine": (plan.get("install") or {}).get("engine"),
             "own_units": own_units(plan) or None,

@@ -3,7 +3,7 @@
 A source is one of
 - ``hf://ORG/NAME[@REVISION]``: a repository of an HF-compatible endpoint (the hub, or the
   site mirror ``pdnode_model_endpoint`` names). A branch or tag is resolved once to a commit
-  and pinned in the lock file beside the inventory (``model.lock.json``), which the operator
+  and pinned in the lock file beside the inventory (``.model.lock.json``), which the operator
   commits: every host and every later run use that commit, whatever the branch does next.
 - ``local://PATH``: the weights are already on every host at PATH (``pdnode_model_path``):
   validated in place, never written.
@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-LOCK_NAME = "model.lock.json"
+# A dot-file, as Terraform's .terraform.lock.hcl: Ansible reads every other file of an
+# inventory directory as an inventory source (and warns about this one), but never a
+# name that starts with a dot.
+LOCK_NAME = ".model.lock.json"
 LOCK_FORMAT = "pdnode.model-lock/1"
 # The small files of a commit the plan reads (when the commit has them): what the cache holds.
 SMALL_FILES = ("config.json", "hf_quant_config.json", "quant_config.json", "model.safetensors.index.json",

@@ -16,6 +16,7 @@ class Loaded(NamedTuple):
     variables: dict[str, Any]  # the host's, as Ansible resolves them
     sources: dict[str, str]  # variable -> the file that set it
     peers: dict[str, dict[str, Any]]  # every host of the inventory -> its variables
+    inventory_dir: str | None = None  # Ansible's inventory_dir of the host (the model's lock file)
 
 
 class Unplannable(Exception):
@@ -52,4 +53,4 @@ def load_plan(inventory: str, host: str | None = None) -> Loaded:
         raise Unplannable(f"the inventory {inventory} is invalid ({n} problem{'s' * (n != 1)}; `pdnode check "
                           f"{inventory}` lists them)", EXIT_FAILED, exc.problems,
                           problem_lines(inventory, hv.host, exc.problems, hv.sources)) from None
-    return Loaded(plan, dict(hv.variables), dict(hv.sources), peers)
+    return Loaded(plan, dict(hv.variables), dict(hv.sources), peers, hv.inventory_dir)

@@ -372,6 +372,7 @@ class ModelView(TypedDict):
     scheme: NotRequired[Literal["hf", "local"]]
     argv: NotRequired[list[str]]  # pdnode.node.model_fetch with the spec on stdin
     token: NotRequired[ModelToken | None]
+    group: NotRequired[str]  # the service user's group, which reads the files
     spec: NotRequired[dict[str, Any]]  # pdnode.node.model_fetch's spec
 
 

@@ -128,8 +128,9 @@ def instance_entries(cand: Candidate, variables: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def judge(cand: Candidate, variables: Mapping[str, Any], host: str) -> Candidate:
-    """Ask the plan: deployable, or rejected with the plan's first reason."""
+def judge(cand: Candidate, variables: Mapping[str, Any], host: str, inventory_dir: str | None = None) -> Candidate:
+    """Ask the plan: deployable, or rejected with the plan's first reason (``inventory_dir``:
+    where the model's lock file is, for an inventory that names the model's source)."""
     if cand.colocated:
         cand.rejected = "colocated (not deployable by this bundle)"
         return cand
@@ -137,7 +138,7 @@ def judge(cand: Candidate, variables: Mapping[str, Any], host: str) -> Candidate
     trial.update(instance_entries(cand, variables))
     cand.variables = trial
     try:
-        plan = build_plan(trial, host)
+        plan = build_plan(trial, host, None, inventory_dir)
     except PlanError as exc:
         cand.rejected = str(exc.problems[0]) if exc.problems else "refused by the plan"
         return cand

@@ -52,7 +52,7 @@ RULES: tuple[Rule, ...] = (
     Rule("model-endpoint-form", "error", "`pdnode_model_endpoint` is an http(s) URL: host, optional port and path"),
     Rule("model-token-file", "error", "`pdnode_model_token_file` is a readable file on the controller"),
     Rule("model-source-local-path", "error", "a local:// source names `pdnode_model_path` itself"),
-    Rule("model-lock-missing", "error", "an hf:// source is pinned by model.lock.json beside the inventory "
+    Rule("model-lock-missing", "error", "an hf:// source is pinned by .model.lock.json beside the inventory "
          "(`pdnode model lock`)"),
     Rule("model-lock-readable", "error", "the model lock is a readable pdnode.model-lock/1 JSON file"),
     Rule("model-lock-stale", "error", "the model lock pins the repository and revision the source names"),

@@ -24,7 +24,7 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
     argv = [install["python"], "-m", "pdnode.node.model_fetch", "-"]
     path = model["path"]
     if model["scheme"] == "local":
-        return {"enabled": True, "scheme": "local", "argv": argv, "token": None,
+        return {"enabled": True, "scheme": "local", "argv": argv, "token": None, "group": install["user"],
                 "spec": {"scheme": "local", "path": path}}
     if "lock" not in model:  # the plan refused it already (model-lock-missing / -stale)
         return {"enabled": False}
@@ -35,4 +35,4 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
             "store": posixpath.join(posixpath.dirname(path), ".pdnode-models"),
             "endpoint": model.get("endpoint"), "token_file": token["dest"] if token else None,
             "group": install["user"], "retries": RETRIES, "stall_timeout_s": STALL_TIMEOUT_S}
-    return {"enabled": True, "scheme": "hf", "argv": argv, "token": token, "spec": spec}
+    return {"enabled": True, "scheme": "hf", "argv": argv, "token": token, "group": install["user"], "spec": spec}
