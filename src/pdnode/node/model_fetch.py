@@ -1,12 +1,15 @@
 """The model's weights on this host: download, verify, switch (run by the model role).
 
     python -m pdnode.node.model_fetch [--check] [--deep] SPEC.json|-   # prints one JSON object
+    python -m pdnode.node.model_fetch --serve ADDRESS PORT DIRECTORY   # the seed's share
 
 SPEC (the plan's model view, on standard input for ``-``): ``scheme`` (hf or local), ``lock`` (the inventory's .model.lock.json: repo,
 commit, every file's path, size and LFS sha256), ``path`` (pdnode_model_path), ``store``
 (where commits live), ``endpoint``, ``token_file`` (a host file, present only while the
 role runs this), ``deep`` (hash every file again), ``retries``, ``stall_timeout_s``,
-``group`` (the service user's group), ``reserve_bytes`` (free space the download must leave; default 1 GiB). ``--check`` says what
+``group`` (the service user's group), ``reserve_bytes`` (free space the download must leave; default 1 GiB), ``peer`` (a layout
+spanning hosts: the URL of its first engine host's ``--serve``, copied from instead of the
+endpoint, verified the same way). ``--check`` says what
 a run would change and changes nothing (Ansible's check mode); ``--deep`` sets ``deep``.
 
 A local:// model (``scheme`` local) is validated where it is and never written: the
@@ -38,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -148,6 +152,8 @@ class Fetcher:
         self.deep = bool(spec.get("deep"))
         self.retries = int(spec.get("retries", 3))
         self.reserve = int(spec.get("reserve_bytes", FREE_MARGIN_BYTES))
+        self.peer: str | None = spec.get("peer")  # the layout's seed host, where a peer copies from
+        self.stall_timeout_s = float(spec.get("stall_timeout_s", 60))
         self.gid = grp.getgrnam(spec.get("group") or "root").gr_gid  # KeyError: a bad spec
         self.report: dict[str, Any] = {"commit": self.commit, "path": str(self.path), "changed": False,
                                        "downloaded": [], "downloaded_bytes": 0, "repaired": {}, "removed": [],
@@ -166,6 +172,9 @@ class Fetcher:
     def _download(self, names: list[str], into: Path) -> None:
         """Each file into INTO (a directory huggingface_hub keeps its own bookkeeping in),
         retried a bounded number of times; Refused naming the file after the last try."""
+        if self.peer:
+            self._download_from_peer(names, into)
+            return
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
@@ -190,6 +199,37 @@ class Fetcher:
             size = (into / name).stat().st_size
             self.report["downloaded"].append(name)
             self.report["downloaded_bytes"] += size
+
+    def _download_from_peer(self, names: list[str], into: Path) -> None:
+        """Each file from the layout's seed host (``--serve`` there), written whole under a
+        temporary name and renamed: a cut transfer leaves no file that looks complete."""
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+
+        assert self.peer is not None
+        for name in names:
+            target = into / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            part = target.with_name(f".{target.name}.part")
+            url = f"{self.peer}/{urllib.parse.quote(name)}"
+            for attempt in range(1, self.retries + 1):
+                try:
+                    with urllib.request.urlopen(url, timeout=self.stall_timeout_s) as resp, open(part, "wb") as out:  # noqa: S310 -- http to the seed, from the plan
+                        shutil.copyfileobj(resp, out, 8 << 20)
+                    os.replace(part, target)
+                    break
+                except (OSError, urllib.error.URLError) as exc:
+                    _remove(part)
+                    if attempt == self.retries:
+                        raise Refused(f"{name} of {self.repo}@{self.commit[:12]} did not copy from the layout's "
+                                      f"first engine host ({self.peer}) in {self.retries} tries "
+                                      f"({type(exc).__name__}: {exc}); check that host's model step and that this "
+                                      "host reaches it, then rerun (files already copied are kept)") from None
+                    time.sleep(min(2 ** attempt, 10))
+            self.report["downloaded"].append(name)
+            self.report["downloaded_bytes"] += target.stat().st_size
+        self.report["from"] = self.peer
 
     # --- the steps ----------------------------------------------------------------------
     def _preflight_disk(self, have: Path) -> None:
@@ -330,6 +370,53 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
+def serve(address: str, port: int, root: Path) -> None:
+    """Serve the verified commit directory ROOT to the layout's other engine hosts (GET
+    and HEAD of the files directly in it or below; nothing else), until stopped. Run by
+    the model role on the seed host as a transient unit; the firewall admits the peers only."""
+    import http.server
+    import socketserver
+    import urllib.parse
+
+    base = root.resolve()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _file(self) -> Path | None:
+            rel = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
+            target = (base / rel).resolve()
+            if not rel or base not in target.parents or not target.is_file() or (base / rel).is_symlink():
+                self.send_error(404)
+                return None
+            return target
+
+        def do_HEAD(self) -> None:  # noqa: N802 -- http.server's name
+            target = self._file()
+            if target is not None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(target.stat().st_size))
+                self.end_headers()
+
+        def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+            target = self._file()
+            if target is None:
+                return
+            with open(target, "rb") as fh:
+                self.send_response(200)
+                self.send_header("Content-Length", str(os.fstat(fh.fileno()).st_size))
+                self.end_headers()
+                shutil.copyfileobj(fh, self.wfile, 8 << 20)
+
+        def log_message(self, fmt: str, *args: Any) -> None:  # one journal line per request
+            sys.stderr.write(f"{self.address_string()} {fmt % args}\n")
+
+    class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
+
+    with Server((address, port), Handler) as httpd:
+        httpd.serve_forever()
+
+
 def check_local(path: Path) -> dict[str, Any]:
     """A local:// model where it is: a directory with a config.json object and every
     shard its safetensors index names; Refused naming what is missing."""
@@ -362,6 +449,12 @@ def check_local(path: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve"]:
+        if len(argv) != 4 or not argv[2].isdigit():
+            print("usage: python -m pdnode.node.model_fetch --serve ADDRESS PORT DIRECTORY", file=sys.stderr)
+            return 2
+        serve(argv[1], int(argv[2]), Path(argv[3]))
+        return 0
     flags = {a for a in argv if a in ("--check", "--deep")}
     rest = [a for a in argv if a not in flags]
     if len(rest) != 1:

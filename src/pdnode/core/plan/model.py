@@ -96,5 +96,25 @@ def resolve(error: Report, warn: Report, v: dict[str, Any], inventory_dir: str |
     return record, facts
 
 
+def shares(model: dict[str, Any] | None, layout: Any) -> bool:
+    """Does this layout share one download among its hosts (an hf:// source, several hosts)?"""
+    return bool(model and model.get("scheme") == "hf" and layout is not None and layout.multi_host)
+
+
+def with_share(model: dict[str, Any], cluster: dict[str, Any], host: str, port: int | None) -> dict[str, Any]:
+    """The model record with ``share`` where the layout spans hosts: the first engine host
+    (by name) downloads from the endpoint and serves the verified commit on its address
+    and ``port`` to the other engine hosts (a host with the router alone needs no model)."""
+    if not model or model.get("scheme") != "hf" or port is None or not cluster.get("multi_host"):
+        return model
+    engine_hosts = sorted(h for h, entry in cluster["hosts"].items()
+                          if any(s != "router" for s in entry.get("services", [])))
+    if len(engine_hosts) < 2:
+        return model
+    seed = engine_hosts[0]
+    return {**model, "share": {"seed": seed, "address": cluster["hosts"][seed]["address"], "port": port,
+                               "peers": engine_hosts[1:], "engine_host": host in engine_hosts}}
+
+
 def _readable_file(path: Path) -> bool:
     return path.is_file() and os.access(path, os.R_OK)
