@@ -1,6 +1,7 @@
 """The model's weights on this host: download, verify, switch (run by the model role).
 
-    python -m pdnode.node.model_fetch [--check] [--deep] SPEC.json|-   # prints one JSON object
+    python -m pdnode.node.model_fetch [--check] [--deep] [--no-switch] [--alone] SPEC.json|-   # one JSON object
+    python -m pdnode.node.model_fetch --current SPEC.json|-   # the commit this host serves, its lock
     python -m pdnode.node.model_fetch --serve ADDRESS PORT DIRECTORY   # the seed's share
 
 SPEC (the plan's model view, on standard input for ``-``): ``scheme`` (hf or local), ``lock`` (the inventory's .model.lock.json: repo,
@@ -116,9 +117,12 @@ def stamp_holds(root: Path, stamp: Path, commit: str, files: list[dict[str, Any]
         return False
 
 
-def _write_stamp(root: Path, stamp: Path, commit: str, files: list[dict[str, Any]]) -> None:
+def _write_stamp(root: Path, stamp: Path, commit: str, files: list[dict[str, Any]], lock: dict[str, Any]) -> None:
+    """What was verified (each file's size and mtime) and the lock it was verified against:
+    an upgrade's way back reads which commit serves, and its lock, from here (``--current``)."""
     tmp = stamp.with_name(f".{stamp.name}.tmp")
-    tmp.write_text(json.dumps({"format": STAMP_FORMAT, "commit": commit, "files": _stat_stamp(root, files)}))
+    tmp.write_text(json.dumps({"format": STAMP_FORMAT, "commit": commit, "files": _stat_stamp(root, files),
+                               "lock": lock}))
     os.replace(tmp, stamp)
 
 
@@ -136,6 +140,7 @@ def _modes(root: Path, gid: int) -> None:
 class Fetcher:
     def __init__(self, spec: dict[str, Any]):
         lock = spec["lock"]
+        self.lock: dict[str, Any] = lock
         self.repo: str = lock["repo"]
         self.commit: str = lock["commit"]
         if not _COMMIT_RE.match(self.commit):
@@ -264,7 +269,7 @@ class Fetcher:
         shutil.rmtree(self.staging / ".cache", ignore_errors=True)
         _modes(self.staging, self.gid)
         os.rename(self.staging, self.commit_dir)
-        _write_stamp(self.commit_dir, self.stamp, self.commit, self.files)
+        _write_stamp(self.commit_dir, self.stamp, self.commit, self.files, self.lock)
         self.report.update(changed=True, verified="sha256")
 
     def _repair(self) -> None:
@@ -272,7 +277,7 @@ class Fetcher:
         bad = problems(self.commit_dir, self.files, deep=True)
         self.report["verified"] = "sha256"
         if not bad:
-            _write_stamp(self.commit_dir, self.stamp, self.commit, self.files)
+            _write_stamp(self.commit_dir, self.stamp, self.commit, self.files, self.lock)
             return
         names = {f["path"] for f in self.files}
         fix = self.home / f".repair-{self.commit}"
@@ -291,7 +296,7 @@ class Fetcher:
             raise Refused(f"{name} of {self.repo}@{self.commit[:12]} does not verify after repair ({why}); check "
                           "the mirror")
         _modes(self.commit_dir, self.gid)
-        _write_stamp(self.commit_dir, self.stamp, self.commit, self.files)
+        _write_stamp(self.commit_dir, self.stamp, self.commit, self.files, self.lock)
         self.report["changed"] = True
 
     def _switch(self) -> None:
@@ -343,7 +348,9 @@ class Fetcher:
                            downloaded_bytes=0 if have else sum(f["size"] for f in self.files))
         return self.report
 
-    def run(self) -> dict[str, Any]:
+    def run(self, switch: bool = True) -> dict[str, Any]:
+        """Download and verify (or repair); then, unless ``switch`` is false (an upgrade's
+        build: the commit beside the serving one), switch the path to it."""
         if self.commit_dir.is_dir():
             if self.deep:
                 self._repair()
@@ -351,9 +358,24 @@ class Fetcher:
                 self._repair()  # a changed stat: hash to find what, fetch only that
         else:
             self._fetch_new()
-        self._switch()
-        self._record()
+        if switch:
+            self._switch()
+            self._record()
         return self.report
+
+
+def current(spec: dict[str, Any]) -> dict[str, Any]:
+    """The commit this host serves for the spec's repository, with the lock it was verified
+    against: {commit, lock}, or {commit: None} when none (state.json and the stamp)."""
+    store = Path(spec.get("store") or Path(spec["path"]).parent / ".pdnode-models")
+    home = store / spec["lock"]["repo"].replace("/", "--")
+    try:
+        commit = json.loads((home / "state.json").read_text())["current"]
+        stamp = json.loads((home / f"{commit}.stamp.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"commit": None, "lock": None}
+    lock = stamp.get("lock") if isinstance(stamp, dict) else None
+    return {"commit": commit if isinstance(lock, dict) else None, "lock": lock if isinstance(lock, dict) else None}
 
 
 def _complete(path: Path, size: int) -> bool:
@@ -455,15 +477,21 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         serve(argv[1], int(argv[2]), Path(argv[3]))
         return 0
-    flags = {a for a in argv if a in ("--check", "--deep")}
+    flags = {a for a in argv if a in ("--check", "--deep", "--no-switch", "--current", "--alone")}
     rest = [a for a in argv if a not in flags]
     if len(rest) != 1:
-        print("usage: python -m pdnode.node.model_fetch [--check] [--deep] SPEC.json|-", file=sys.stderr)
+        print("usage: python -m pdnode.node.model_fetch [--check] [--deep] [--no-switch] [--alone] [--current] "
+              "SPEC.json|-", file=sys.stderr)
         return 2
     try:
         spec = json.loads(sys.stdin.read() if rest[0] == "-" else Path(rest[0]).read_text())
         if "--deep" in flags:
             spec["deep"] = True
+        if "--alone" in flags:  # from the endpoint, not from the layout's first engine host
+            spec.pop("peer", None)
+        if "--current" in flags:
+            print(json.dumps(current(spec)))
+            return 0
         if spec.get("scheme") == "local":
             try:
                 print(json.dumps(check_local(Path(spec["path"]))))
@@ -487,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(spec.get("stall_timeout_s", 60))))
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     try:
-        report = fetcher.run()
+        report = fetcher.run(switch="--no-switch" not in flags)
     except Refused as exc:
         print(json.dumps({"error": str(exc), **fetcher.report}))
         return 1

@@ -299,11 +299,13 @@ def _check_thresholds(c: _Checker, thresholds: Any) -> None:
 
 
 def build_plan(variables: dict[str, Any], host: str = "node",
-               inventory: Mapping[str, Mapping[str, Any]] | None = None, inventory_dir: str | None = None) -> Plan:
+               inventory: Mapping[str, Mapping[str, Any]] | None = None, inventory_dir: str | None = None,
+               model_lock: dict[str, Any] | None = None) -> Plan:
     """Validate a node description and derive the plan of ``host``; raise PlanError with
     all problems. ``inventory`` maps every inventory host to its variables (only the
     hosts a multi-host layout names are read: their address and layout description);
-    ``inventory_dir`` (Ansible's inventory_dir) holds the model's lock file."""
+    ``inventory_dir`` (Ansible's inventory_dir) holds the model's lock file; ``model_lock``
+    (an upgrade's way back: the lock the serving commit was verified against) replaces it."""
     c = _Checker(variables)
     _deferred(c)
     if c.problems:  # what the value is, is not known: the rest would judge a template's text
@@ -329,7 +331,7 @@ def build_plan(variables: dict[str, Any], host: str = "node",
         c.error("model-kind-known",
                 "pdnode_model_kind", v["pdnode_model_kind"], "unknown model kind", f"use one of {', '.join(MODEL_KINDS)}")
     # The model's own files, where a source pins them: the facts the inventory need not type.
-    model, facts = model_plan.resolve(c.error, c.warn, v, inventory_dir, REPO_ROOT)
+    model, facts = model_plan.resolve(c.error, c.warn, v, inventory_dir, REPO_ROOT, model_lock)
     if facts is not None:
         v["pdnode_model_kind"] = v["pdnode_model_kind"] or facts.kind
         v["pdnode_model_controller_path"] = v["pdnode_model_controller_path"] or str(facts.directory)

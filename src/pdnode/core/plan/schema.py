@@ -381,6 +381,7 @@ class ModelView(TypedDict):
     group: NotRequired[str]  # the service user's group, which reads the files
     peer: NotRequired[bool]  # fetch from the seed host (spec.peer), not from the endpoint
     share: NotRequired[ModelShareUnit | None]  # the seed: serve the verified commit to the peers
+    state_file: NotRequired[str | None]  # the host's {current, previous} commits (COMMIT.stamp.json beside it)
     spec: NotRequired[dict[str, Any]]  # pdnode.node.model_fetch's spec
 
 

@@ -37,25 +37,29 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
     argv = [install["python"], "-m", "pdnode.node.model_fetch", "-"]
     path = model["path"]
     base = {"enabled": True, "scheme": model["scheme"], "argv": argv, "token": None, "group": install["user"],
-            "peer": False, "share": None}
+            "peer": False, "share": None, "state_file": None}
     if model["scheme"] == "local":
         return {**base, "spec": {"scheme": "local", "path": path}}
     share = model.get("share")
     if "lock" not in model or (share and not share["engine_host"]):
         return off  # refused by the plan already (no lock), or a host with the router alone
     store = posixpath.join(posixpath.dirname(path), ".pdnode-models")
+    home = posixpath.join(store, model["lock"]["repo"].replace("/", "--"))
     spec = {"scheme": "hf", "lock": model["lock"], "path": path, "store": store, "endpoint": model.get("endpoint"),
             "token_file": None, "group": install["user"], "retries": RETRIES, "stall_timeout_s": STALL_TIMEOUT_S}
-    out = {**base, "spec": spec}
-    if share and plan["host"] != share["seed"]:
-        spec.update(endpoint=None, peer=f"http://{_url_host(share['address'])}:{share['port']}")
-        return {**out, "peer": True}
+    # which commit serves ({current, previous}), and each commit's stamp beside it
+    # (COMMIT.stamp.json: its lock): what an upgrade's way back reads
+    out = {**base, "spec": spec, "state_file": posixpath.join(home, "state.json")}
     if model.get("token_file"):
         out["token"] = {"src": model["token_file"], "dest": posixpath.join(install["root"], ".model-token")}
         spec["token_file"] = out["token"]["dest"]
+    if share and plan["host"] != share["seed"]:
+        # (the endpoint stays for a run that fetches alone: an upgrade, one host at a time)
+        spec["peer"] = f"http://{_url_host(share['address'])}:{share['port']}"
+        return {**out, "peer": True}
     if share:
         unit = f"{install['prefix']}-model-share.service"
-        commit_dir = posixpath.join(store, model["lock"]["repo"].replace("/", "--"), model["lock"]["commit"])
+        commit_dir = posixpath.join(home, model["lock"]["commit"])
         out["share"] = {
             "unit": unit,
             # a user of its own for the run, in the service user's group (which reads the files):
