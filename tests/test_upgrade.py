@@ -360,3 +360,39 @@ def test_the_prober_interval_default_is_the_same_in_the_playbook_the_prober_and_
     assert f"every {round(default * 1000)} ms (`-e upgrade_probe_interval_s=" in " ".join(runbook.split())
     architecture = (REPO / "docs" / "architecture.md").read_text()
     assert f"every `upgrade_probe_interval_s` ({default} s)" in architecture
+
+
+# --- a model change is a release change (issue 44) -----------------------------------------------
+def _model(c: str) -> dict:
+    commit = c * 40
+    return {"commit": commit, "lock": {"format": "pdnode.model-lock/1", "repo": "o/m", "commit": commit}}
+
+
+def test_the_model_that_serves_is_the_hosts_where_no_record_names_one():
+    target = {**OLD, "model": _model("b")}
+    d = upgrade.decide(None, OLD_VENV, target, _model("a"))
+    assert d["from"] == {**OLD, "model": _model("a")} and d["to"] == target
+    # a record from before pdnode knew the model, the units unchanged since: the host says
+    record = upgrade.finish({"schema": upgrade.RECORD_SCHEMA, "previous": None}, OLD, OLD, "upgraded")
+    assert upgrade.decide(record, OLD_VENV, target, _model("a"))["from"]["model"] == _model("a")
+    # without a model anywhere, releases read as before (no "model" key)
+    assert "model" not in upgrade.decide(None, OLD_VENV, NEW)["from"]
+
+
+def test_a_model_rollback_goes_to_the_last_verified_commit_not_an_interrupted_one():
+    serving = {**OLD, "model": _model("a")}
+    pending = {**OLD, "model": _model("b")}
+    record = {"schema": upgrade.RECORD_SCHEMA, "serving": serving, "previous": None, "switching_to": pending}
+    # the host already switched to b when the run was cut: the last verified (a) is the start
+    assert upgrade.decide(record, OLD_VENV, {**OLD, "model": _model("c")}, _model("b"))["from"] == serving
+    done = upgrade.finish(record, serving, pending, "rolled_back")
+    assert done["serving"] == serving and done["failed"] == pending
+
+
+def test_a_model_of_another_commit_than_its_lock_is_refused():
+    bad = {"commit": "a" * 40, "lock": {"commit": "b" * 40}}
+    with pytest.raises(upgrade.UpgradeError, match="target.model"):
+        upgrade.decide(None, OLD_VENV, {**OLD, "model": bad})
+    report = upgrade.build_report({"host": "h", "from": {**OLD, "model": _model("a")}, "to": {**OLD, "model": None},
+                                   "steps": [], "verify": {}})
+    assert (report["from_model"], report["to_model"]) == ("a" * 40, None)

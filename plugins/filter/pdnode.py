@@ -44,13 +44,15 @@ class _Inventory(Mapping):
         return len(list(self._hostvars))
 
 
-def pdnode_plan(variables, host: str = "node", hostvars=None) -> dict:
+def pdnode_plan(variables, host: str = "node", hostvars=None, model_lock=None, inventory_dir=None) -> dict:
     """hostvars of one host (and of all hosts, for a layout spanning several) -> the
-    validated plan of that host as a dict (see docs/architecture.md)."""
+    validated plan of that host as a dict (see docs/architecture.md). ``model_lock``: the
+    lock of the model commit an upgrade goes back to (else the inventory's lock file, in
+    ``inventory_dir`` or the host's own inventory_dir)."""
     try:
-        where = variables.get("inventory_dir") if hasattr(variables, "get") else None
+        where = inventory_dir or (variables.get("inventory_dir") if hasattr(variables, "get") else None)
         plan = build_plan(_site_variables(variables), host, _Inventory(hostvars) if hostvars is not None else None,
-                          str(where) if where else None)
+                          str(where) if where else None, dict(model_lock) if model_lock else None)
     except PlanError as exc:
         lines = "\n".join(f"  {p}" for p in exc.problems)
         raise AnsibleFilterError(f"the node description has {len(exc.problems)} problem(s):\n{lines}") from None

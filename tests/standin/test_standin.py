@@ -403,6 +403,19 @@ def test_health_is_503_while_loading(tmp_path):
 
 
 # --- no processes: configuration --------------------------------------------------------------
+def test_a_broken_config_json_is_refused_as_sglang_refuses_it(tmp_path):
+    from pdnode.standin.config import ConfigError, server_settings_from_dict
+
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="is not a JSON object"):
+        server_settings_from_dict({"model_path": str(tmp_path)})
+    (tmp_path / "config.json").write_text("[1]")
+    with pytest.raises(ConfigError, match="is not a JSON object"):
+        server_settings_from_dict({"model_path": str(tmp_path)})
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 2048}')
+    assert server_settings_from_dict({"model_path": str(tmp_path)}).resolved["model_path"] == str(tmp_path)
+
+
 def test_config_refuses_unknown_fields_and_bad_topology(tmp_path):
     from pdnode.standin.config import ConfigError, load_sim_settings, server_settings_from_dict
 

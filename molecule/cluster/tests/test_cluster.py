@@ -6,7 +6,8 @@ Proves (issue 12): each host runs only its part; the router on its own host regi
 and serves the workers on the other hosts (a real completion from a fourth container);
 the firewall admits the layout's peers to the engines' ports and drops everyone else
 (the router's port stays public); `playbooks/verify.yml` passes across the hosts;
-`pdnode collect` and `pdnode bench` cover every host; a kill -9 of the remote decode is
+`pdnode collect` and `pdnode bench` cover every host; the model comes from its name with one
+download for the layout (issue 44); a kill -9 of the remote decode is
 repaired by systemd and the node serves again; with the decode host cut off the
 network, verify fails naming that host, and once it is back the node serves and
 verifies again; `playbooks/upgrade.yml` switches the hosts one at a time, each verifying
@@ -255,6 +256,54 @@ def test_verify_names_the_unreachable_host_and_the_node_recovers_when_it_is_back
     proc, took = playbook("playbooks/verify.yml", "-e", "verify_skip_burst=true")
     assert proc.returncode == 0, proc.stdout[-3000:]
     print(f"decode host back: serving after {back:.0f} s, verify passed in {took:.0f} s")
+
+
+def test_one_download_per_layout_the_other_engine_host_copies_from_the_first(tmp_path):
+    """The model from its name on the three hosts (issue 44): olah on the network's gateway
+    serves the repository; pd-decode (the first engine host by name) downloads it, serves
+    it to pd-prefill, which copies and verifies it; the router's host gets none. The
+    server counts one download of each file for the whole layout."""
+    import random
+
+    from pdnode.core.inventory import model_source
+    from pdnode.standin.model_hub import Hub, commit_files
+
+    gateway = subprocess.run(["docker", "network", "inspect", "-f", "{{(index .IPAM.Config 0).Gateway}}", NETWORK],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    rng = random.Random(7)  # noqa: S311 -- reproducible test bytes, not a secret
+    demo = REPO / "playbooks" / "files" / "demo-moe"
+    files = {n: demo / n for n in ("config.json", "tokenizer.json", "tokenizer_config.json")}
+    files["model.safetensors"] = rng.randbytes(3_000_000)
+    commit_files(tmp_path / "hub" / "mirrors", "pdnode/demo-moe", files, "first")
+    path = "/var/lib/sglang-pd-models/hub/demo-moe"
+    with Hub(tmp_path / "hub", host=gateway) as hub:
+        inv = _inventory_with(tmp_path, pdnode_model_source="hf://pdnode/demo-moe@main",
+                              pdnode_model_endpoint=hub.url, pdnode_model_path=path)
+        env = {**_env(), "PDNODE_CACHE_DIR": str(tmp_path / "cache")}
+        lock_run = subprocess.run([str(REPO / ".venv/bin/pdnode"), "model", "lock", str(inv)], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=300)
+        assert lock_run.returncode == 0, lock_run.stderr
+        lock = model_source.read_lock(inv / ".model.lock.json")
+        t0 = time.monotonic()
+        for book in ("playbooks/firewall.yml", "playbooks/deploy.yml"):  # the share port opens on the seed
+            proc = subprocess.run(["ansible-playbook", "-i", str(inv), str(REPO / book)], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0, proc.stdout[-5000:]
+        took = time.monotonic() - t0
+        assert dict(hub.downloads()) == {f.path: 1 for f in lock.files}
+    shard = next(f for f in lock.files if f.path == "model.safetensors")
+    for name in ("pd-decode", "pd-prefill"):
+        host = on(name)
+        assert host.check_output(f"readlink {path}").endswith(f"/pdnode--demo-moe/{lock.commit}"), name
+        assert host.check_output(f"sha256sum {path}/model.safetensors").split()[0] == shard.sha256, name
+    assert not on("pd-router").file(path).exists
+    assert not on("pd-decode").run(f"systemctl is-active {PREFIX}-model-share.service").succeeded
+    print(f"one download for the layout, copied to the other engine host and verified: {took:.0f} s "
+          "(firewall and deploy)")
+    # the layout's own description back for the tests after this one
+    for book in ("playbooks/firewall.yml", "playbooks/deploy.yml"):
+        proc, _ = playbook(book)
+        assert proc.returncode == 0, proc.stdout[-5000:]
 
 
 # Last: it leaves the hosts on another release.

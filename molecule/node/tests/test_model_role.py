@@ -216,3 +216,27 @@ def test_the_checksums_on_the_host_are_the_locks(host, model_inv):
     for f in locked.files:
         if f.sha256:
             assert sha256_on_host(host, f"{MODEL_PATH}/{f.path}") == f.sha256, f.path
+
+
+def test_a_model_change_that_does_not_start_is_rolled_back_by_the_upgrade(host, hub, model_inv):
+    """A new commit whose config.json SGLang refuses (the stand-in refuses it the same way):
+    playbooks/upgrade.yml downloads it beside, switches, the first engine does not start,
+    and it goes back to the commit that served, kept on the host (nothing downloaded)."""
+    serving = host.check_output(f"readlink {MODEL_PATH}").rsplit("/", 1)[-1]
+    broken = commit_files(hub.mirrors, REPO_ID, {"config.json": b"{broken"}, "a config SGLang refuses")
+    vars_file = model_inv / "host_vars" / f"{CONTAINER}.yml"
+    description = json.loads(vars_file.read_text())
+    description["pdnode_model_source"] = f"hf://{REPO_ID}@main"
+    vars_file.write_text(json.dumps(description))
+    assert f"is commit {broken}" in lock(model_inv, "--update")
+    t0 = time.monotonic()
+    r = run(model_inv, "ansible-playbook", "-i", str(model_inv), str(REPO / "playbooks" / "upgrade.yml"))
+    took = time.monotonic() - t0
+    report = json.loads((REPO / ".cache" / "upgrade" / f"{CONTAINER}.json").read_text())
+    print(f"the bad commit's upgrade: {report['outcome']} in {took:.0f} s, steps "
+          f"{[(s['name'], s['ok']) for s in report['steps']]}, failed requests {report['failed_requests']}")
+    assert r.returncode != 0 and report["outcome"] == "rolled_back", r.stdout[-4000:]
+    assert (report["from_model"], report["to_model"]) == (serving, broken)
+    assert host.check_output(f"readlink {MODEL_PATH}") == f"{STORE}/{serving}"
+    assert f"PDNODE_MODEL_COMMIT={serving}" in host.check_output("cat /etc/sglang-pd/prefill-0.env")
+    assert report["verify"]["reverify"]["passed"], report["verify"]

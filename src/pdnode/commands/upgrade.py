@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = json.load(sys.stdin)
         if argv[0] == "decide":
-            out = decide(doc.get("record"), doc.get("unit_venv") or "", doc["target"])
+            out = decide(doc.get("record"), doc.get("unit_venv") or "", doc["target"], doc.get("host_model"))
         elif argv[0] == "finish":
             out = finish(doc.get("record") or {}, doc["from"], doc["to"], doc["outcome"])
         else:

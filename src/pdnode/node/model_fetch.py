@@ -1,12 +1,16 @@
 """The model's weights on this host: download, verify, switch (run by the model role).
 
-    python -m pdnode.node.model_fetch [--check] [--deep] SPEC.json|-   # prints one JSON object
+    python -m pdnode.node.model_fetch [--check] [--deep] [--no-switch] [--alone] SPEC.json|-   # one JSON object
+    python -m pdnode.node.model_fetch --current SPEC.json|-   # the commit this host serves, its lock
+    python -m pdnode.node.model_fetch --serve ADDRESS PORT DIRECTORY   # the seed's share
 
 SPEC (the plan's model view, on standard input for ``-``): ``scheme`` (hf or local), ``lock`` (the inventory's .model.lock.json: repo,
 commit, every file's path, size and LFS sha256), ``path`` (pdnode_model_path), ``store``
 (where commits live), ``endpoint``, ``token_file`` (a host file, present only while the
 role runs this), ``deep`` (hash every file again), ``retries``, ``stall_timeout_s``,
-``group`` (the service user's group), ``reserve_bytes`` (free space the download must leave; default 1 GiB). ``--check`` says what
+``group`` (the service user's group), ``reserve_bytes`` (free space the download must leave; default 1 GiB), ``peer`` (a layout
+spanning hosts: the URL of its first engine host's ``--serve``, copied from instead of the
+endpoint, verified the same way). ``--check`` says what
 a run would change and changes nothing (Ansible's check mode); ``--deep`` sets ``deep``.
 
 A local:// model (``scheme`` local) is validated where it is and never written: the
@@ -38,6 +42,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -112,9 +117,12 @@ def stamp_holds(root: Path, stamp: Path, commit: str, files: list[dict[str, Any]
         return False
 
 
-def _write_stamp(root: Path, stamp: Path, commit: str, files: list[dict[str, Any]]) -> None:
+def _write_stamp(root: Path, stamp: Path, commit: str, files: list[dict[str, Any]], lock: dict[str, Any]) -> None:
+    """What was verified (each file's size and mtime) and the lock it was verified against:
+    an upgrade's way back reads which commit serves, and its lock, from here (``--current``)."""
     tmp = stamp.with_name(f".{stamp.name}.tmp")
-    tmp.write_text(json.dumps({"format": STAMP_FORMAT, "commit": commit, "files": _stat_stamp(root, files)}))
+    tmp.write_text(json.dumps({"format": STAMP_FORMAT, "commit": commit, "files": _stat_stamp(root, files),
+                               "lock": lock}))
     os.replace(tmp, stamp)
 
 
@@ -132,6 +140,7 @@ def _modes(root: Path, gid: int) -> None:
 class Fetcher:
     def __init__(self, spec: dict[str, Any]):
         lock = spec["lock"]
+        self.lock: dict[str, Any] = lock
         self.repo: str = lock["repo"]
         self.commit: str = lock["commit"]
         if not _COMMIT_RE.match(self.commit):
@@ -148,6 +157,8 @@ class Fetcher:
         self.deep = bool(spec.get("deep"))
         self.retries = int(spec.get("retries", 3))
         self.reserve = int(spec.get("reserve_bytes", FREE_MARGIN_BYTES))
+        self.peer: str | None = spec.get("peer")  # the layout's seed host, where a peer copies from
+        self.stall_timeout_s = float(spec.get("stall_timeout_s", 60))
         self.gid = grp.getgrnam(spec.get("group") or "root").gr_gid  # KeyError: a bad spec
         self.report: dict[str, Any] = {"commit": self.commit, "path": str(self.path), "changed": False,
                                        "downloaded": [], "downloaded_bytes": 0, "repaired": {}, "removed": [],
@@ -166,6 +177,9 @@ class Fetcher:
     def _download(self, names: list[str], into: Path) -> None:
         """Each file into INTO (a directory huggingface_hub keeps its own bookkeeping in),
         retried a bounded number of times; Refused naming the file after the last try."""
+        if self.peer:
+            self._download_from_peer(names, into)
+            return
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
@@ -190,6 +204,37 @@ class Fetcher:
             size = (into / name).stat().st_size
             self.report["downloaded"].append(name)
             self.report["downloaded_bytes"] += size
+
+    def _download_from_peer(self, names: list[str], into: Path) -> None:
+        """Each file from the layout's seed host (``--serve`` there), written whole under a
+        temporary name and renamed: a cut transfer leaves no file that looks complete."""
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+
+        assert self.peer is not None
+        for name in names:
+            target = into / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            part = target.with_name(f".{target.name}.part")
+            url = f"{self.peer}/{urllib.parse.quote(name)}"
+            for attempt in range(1, self.retries + 1):
+                try:
+                    with urllib.request.urlopen(url, timeout=self.stall_timeout_s) as resp, open(part, "wb") as out:  # noqa: S310 -- http to the seed, from the plan
+                        shutil.copyfileobj(resp, out, 8 << 20)
+                    os.replace(part, target)
+                    break
+                except (OSError, urllib.error.URLError) as exc:
+                    _remove(part)
+                    if attempt == self.retries:
+                        raise Refused(f"{name} of {self.repo}@{self.commit[:12]} did not copy from the layout's "
+                                      f"first engine host ({self.peer}) in {self.retries} tries "
+                                      f"({type(exc).__name__}: {exc}); check that host's model step and that this "
+                                      "host reaches it, then rerun (files already copied are kept)") from None
+                    time.sleep(min(2 ** attempt, 10))
+            self.report["downloaded"].append(name)
+            self.report["downloaded_bytes"] += target.stat().st_size
+        self.report["from"] = self.peer
 
     # --- the steps ----------------------------------------------------------------------
     def _preflight_disk(self, have: Path) -> None:
@@ -224,7 +269,7 @@ class Fetcher:
         shutil.rmtree(self.staging / ".cache", ignore_errors=True)
         _modes(self.staging, self.gid)
         os.rename(self.staging, self.commit_dir)
-        _write_stamp(self.commit_dir, self.stamp, self.commit, self.files)
+        _write_stamp(self.commit_dir, self.stamp, self.commit, self.files, self.lock)
         self.report.update(changed=True, verified="sha256")
 
     def _repair(self) -> None:
@@ -232,7 +277,7 @@ class Fetcher:
         bad = problems(self.commit_dir, self.files, deep=True)
         self.report["verified"] = "sha256"
         if not bad:
-            _write_stamp(self.commit_dir, self.stamp, self.commit, self.files)
+            _write_stamp(self.commit_dir, self.stamp, self.commit, self.files, self.lock)
             return
         names = {f["path"] for f in self.files}
         fix = self.home / f".repair-{self.commit}"
@@ -251,7 +296,7 @@ class Fetcher:
             raise Refused(f"{name} of {self.repo}@{self.commit[:12]} does not verify after repair ({why}); check "
                           "the mirror")
         _modes(self.commit_dir, self.gid)
-        _write_stamp(self.commit_dir, self.stamp, self.commit, self.files)
+        _write_stamp(self.commit_dir, self.stamp, self.commit, self.files, self.lock)
         self.report["changed"] = True
 
     def _switch(self) -> None:
@@ -303,7 +348,9 @@ class Fetcher:
                            downloaded_bytes=0 if have else sum(f["size"] for f in self.files))
         return self.report
 
-    def run(self) -> dict[str, Any]:
+    def run(self, switch: bool = True) -> dict[str, Any]:
+        """Download and verify (or repair); then, unless ``switch`` is false (an upgrade's
+        build: the commit beside the serving one), switch the path to it."""
         if self.commit_dir.is_dir():
             if self.deep:
                 self._repair()
@@ -311,9 +358,24 @@ class Fetcher:
                 self._repair()  # a changed stat: hash to find what, fetch only that
         else:
             self._fetch_new()
-        self._switch()
-        self._record()
+        if switch:
+            self._switch()
+            self._record()
         return self.report
+
+
+def current(spec: dict[str, Any]) -> dict[str, Any]:
+    """The commit this host serves for the spec's repository, with the lock it was verified
+    against: {commit, lock}, or {commit: None} when none (state.json and the stamp)."""
+    store = Path(spec.get("store") or Path(spec["path"]).parent / ".pdnode-models")
+    home = store / spec["lock"]["repo"].replace("/", "--")
+    try:
+        commit = json.loads((home / "state.json").read_text())["current"]
+        stamp = json.loads((home / f"{commit}.stamp.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"commit": None, "lock": None}
+    lock = stamp.get("lock") if isinstance(stamp, dict) else None
+    return {"commit": commit if isinstance(lock, dict) else None, "lock": lock if isinstance(lock, dict) else None}
 
 
 def _complete(path: Path, size: int) -> bool:
@@ -328,6 +390,53 @@ def _remove(path: Path) -> None:
         path.unlink()
     elif path.is_dir():
         shutil.rmtree(path)
+
+
+def serve(address: str, port: int, root: Path) -> None:
+    """Serve the verified commit directory ROOT to the layout's other engine hosts (GET
+    and HEAD of the files directly in it or below; nothing else), until stopped. Run by
+    the model role on the seed host as a transient unit; the firewall admits the peers only."""
+    import http.server
+    import socketserver
+    import urllib.parse
+
+    base = root.resolve()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _file(self) -> Path | None:
+            rel = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path).lstrip("/")
+            target = (base / rel).resolve()
+            if not rel or base not in target.parents or not target.is_file() or (base / rel).is_symlink():
+                self.send_error(404)
+                return None
+            return target
+
+        def do_HEAD(self) -> None:  # noqa: N802 -- http.server's name
+            target = self._file()
+            if target is not None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(target.stat().st_size))
+                self.end_headers()
+
+        def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+            target = self._file()
+            if target is None:
+                return
+            with open(target, "rb") as fh:
+                self.send_response(200)
+                self.send_header("Content-Length", str(os.fstat(fh.fileno()).st_size))
+                self.end_headers()
+                shutil.copyfileobj(fh, self.wfile, 8 << 20)
+
+        def log_message(self, fmt: str, *args: Any) -> None:  # one journal line per request
+            sys.stderr.write(f"{self.address_string()} {fmt % args}\n")
+
+    class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+        daemon_threads = True
+        address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
+
+    with Server((address, port), Handler) as httpd:
+        httpd.serve_forever()
 
 
 def check_local(path: Path) -> dict[str, Any]:
@@ -362,15 +471,27 @@ def check_local(path: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    flags = {a for a in argv if a in ("--check", "--deep")}
+    if argv[:1] == ["--serve"]:
+        if len(argv) != 4 or not argv[2].isdigit():
+            print("usage: python -m pdnode.node.model_fetch --serve ADDRESS PORT DIRECTORY", file=sys.stderr)
+            return 2
+        serve(argv[1], int(argv[2]), Path(argv[3]))
+        return 0
+    flags = {a for a in argv if a in ("--check", "--deep", "--no-switch", "--current", "--alone")}
     rest = [a for a in argv if a not in flags]
     if len(rest) != 1:
-        print("usage: python -m pdnode.node.model_fetch [--check] [--deep] SPEC.json|-", file=sys.stderr)
+        print("usage: python -m pdnode.node.model_fetch [--check] [--deep] [--no-switch] [--alone] [--current] "
+              "SPEC.json|-", file=sys.stderr)
         return 2
     try:
         spec = json.loads(sys.stdin.read() if rest[0] == "-" else Path(rest[0]).read_text())
         if "--deep" in flags:
             spec["deep"] = True
+        if "--alone" in flags:  # from the endpoint, not from the layout's first engine host
+            spec.pop("peer", None)
+        if "--current" in flags:
+            print(json.dumps(current(spec)))
+            return 0
         if spec.get("scheme") == "local":
             try:
                 print(json.dumps(check_local(Path(spec["path"]))))
@@ -394,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(int(spec.get("stall_timeout_s", 60))))
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     try:
-        report = fetcher.run()
+        report = fetcher.run(switch="--no-switch" not in flags)
     except Refused as exc:
         print(json.dumps({"error": str(exc), **fetcher.report}))
         return 1

@@ -182,6 +182,24 @@ def _str(args: Mapping[str, Any], key: str, default: str | None) -> str | None:
     return value
 
 
+def _refuse_a_broken_config(model_path: str) -> None:
+    """A config.json that is there but not a JSON object: SGLang's AutoConfig refuses to
+    start on it, and so does the stand-in (a model without one is the stand-in's own)."""
+    path = Path(model_path) / "config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"model_path={model_path}: {path} cannot be read ({exc.strerror or exc})") from None
+    try:
+        ok = isinstance(json.loads(text), dict)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"model_path={model_path}: {path} is not a JSON object (SGLang's AutoConfig refuses it)")
+
+
 def _model_config(model_path: str) -> dict[str, Any]:
     """config.json of the model directory, when there is one (real SGLang reads it too)."""
     path = Path(model_path) / "config.json"
@@ -257,6 +275,7 @@ def server_settings_from_dict(args: Mapping[str, Any], api_key: str | None = Non
     served = _str(args, "served_model_name", None) or model_path
     context_length = _int(args, "context_length", 0, 0) or 0
     hf = _model_config(model_path)
+    _refuse_a_broken_config(model_path)
     if not context_length:
         context_length = int(hf.get("max_position_embeddings") or 32768)
     lbm = _str(args, "load_balance_method", "auto") or "auto"

@@ -164,9 +164,11 @@ offline = true
 proxy = [{{ repo = "*", allow = true }}, {{ repo = "*/*", allow = true }}, {{ repo = "{DENIED_ORG}/*", allow = false }}]
 cache = [{{ repo = "*", allow = true }}, {{ repo = "*/*", allow = true }}]
 """)
-        cli = Path(sys.executable).parent / "olah-cli"
+        # olah's own command line (its olah-cli entry point), in this interpreter
+        argv = [sys.executable, "-c", "import sys; from olah.server import cli; sys.argv[0] = 'olah-cli'; cli()",
+                "-c", str(config), "--log-path", str(self.root / "logs")]
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([str(cli), "-c", str(config), "--log-path", str(self.root / "logs")],
+            self.proc = subprocess.Popen(argv,
                                          cwd=self.root, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         deadline = time.monotonic() + timeout_s

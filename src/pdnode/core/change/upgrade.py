@@ -3,11 +3,14 @@ the host's release record and the report. playbooks/upgrade.yml calls them throu
 command line, pdnode.commands.upgrade, with one JSON object on standard input and reads one
 JSON object on standard output:
 
-    python -m pdnode.commands.upgrade decide   {record, unit_venv (a venv or the router's ExecStart), target}          -> {from, to, record}
+    python -m pdnode.commands.upgrade decide   {record, unit_venv (a venv or the router's ExecStart), target, host_model} -> {from, to, record}
     python -m pdnode.commands.upgrade finish   {record, from, to, outcome}          -> record
     python -m pdnode.commands.upgrade report   {host, from, to, steps, verify, probe, rollback} -> report (schema pdnode.upgrade/1)
 
-A release is the versions that name a release virtualenv (VERSION_KEYS) and that venv.
+A release is the versions that name a release virtualenv (VERSION_KEYS) and that venv,
+and, where the inventory names the model's source, the model commit it serves with the
+lock it was verified against ({commit, lock}): a model change is a release change too, and
+its way back goes to the commit that served (the host keeps it).
 The record (/var/lib/pdnode/releases/<prefix>.json on the host) names the release that
 serves (last verified), the one before it, and while an upgrade runs the one it switches
 to: a re-run after an interruption starts from the last verified release, so its
@@ -76,6 +79,17 @@ def _release_of_router_venv(package: str, version: str, target: dict[str, Any]) 
     return {"versions": versions, "venv": f"{head}/{_ROUTER_PART_RE.sub(part, name, count=1)}"}
 
 
+def _check_model(model: Any, what: str) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    if (not isinstance(model, dict) or not isinstance(model.get("commit"), str)
+            or not re.fullmatch(r"[0-9a-f]{40}", model["commit"]) or not isinstance(model.get("lock"), dict)
+            or model["lock"].get("commit") != model["commit"]):
+        raise UpgradeError(f"{what}.model: must be null or {{commit (40 hex), lock (that commit's lock)}}, got "
+                           f"{json.dumps(model)[:200]}")
+    return {"commit": model["commit"], "lock": model["lock"]}
+
+
 def _check_release(rel: Any, what: str) -> dict[str, Any]:
     if not isinstance(rel, dict) or not isinstance(rel.get("versions"), dict) or not isinstance(rel.get("venv"), str):
         raise UpgradeError(f"{what}: must be {{versions, venv}}, got {json.dumps(rel)[:200]}")
@@ -83,12 +97,25 @@ def _check_release(rel: Any, what: str) -> dict[str, Any]:
         v = rel["versions"].get(k)
         if not isinstance(v, str) or not _VERSION_RE.match(v):
             raise UpgradeError(f"{what}.versions.{k} is {json.dumps(v)}: must be a version string")
-    return {"versions": {k: rel["versions"][k] for k in VERSION_KEYS}, "venv": rel["venv"]}
+    out = {"versions": {k: rel["versions"][k] for k in VERSION_KEYS}, "venv": rel["venv"]}
+    return _with_model(out, _check_model(rel.get("model"), what))
 
 
-def decide(record: dict[str, Any] | None, unit_venv: str, target: dict[str, Any]) -> dict[str, Any]:
-    """From (the release that serves, verified) and to; the record to write before switching."""
+def _with_model(release: dict[str, Any], model: dict[str, Any] | None) -> dict[str, Any]:
+    """The release with its model; without one it has no "model" key (a record from before
+    pdnode knew the model reads the same)."""
+    out = {k: v for k, v in release.items() if k != "model"}
+    return {**out, "model": model} if model is not None else out
+
+
+def decide(record: dict[str, Any] | None, unit_venv: str, target: dict[str, Any],
+           host_model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """From (the release that serves, verified) and to; the record to write before switching.
+    ``host_model``: the model commit the host serves now, with its lock (the model role's
+    record on the host; null without one): what a release from before the model's record,
+    or changed by a deploy since, serves."""
     to = _check_release(target, "target")
+    here = _check_model(host_model if host_model and host_model.get("commit") else None, "host_model")
     m = _EXEC_VENV_RE.search(unit_venv)
     running = m[1] if m else (unit_venv.rstrip("/") if unit_venv.startswith("/") else "")
     if record and _ROUTER_VENV_RE.match(running.rsplit("/", 1)[-1]):
@@ -103,9 +130,14 @@ def decide(record: dict[str, Any] | None, unit_venv: str, target: dict[str, Any]
         # The units name neither the recorded release nor an interrupted switch's target:
         # a deploy (playbooks/deploy.yml) changed the release since; what runs is the start.
         if running and running not in (frm["venv"], pending.get("venv")):
-            frm, previous = release_of_venv(running, to), frm
+            frm, previous = _with_model(release_of_venv(running, to), here), frm
+        elif here is not None and here["commit"] not in ((frm.get("model") or {}).get("commit"),
+                                                          (pending.get("model") or {}).get("commit")):
+            # the host serves neither the recorded commit nor an interrupted switch's: a
+            # deploy changed the model since (or the record predates it); what serves is the start
+            frm = _with_model(frm, here)
     elif running:
-        frm, previous = release_of_venv(running, to), None
+        frm, previous = _with_model(release_of_venv(running, to), here), None
     else:
         raise UpgradeError("no release serves on this host (no record, no router unit); "
                            "fix: deploy it with playbooks/deploy.yml first")
@@ -160,6 +192,9 @@ def build_report(doc: dict[str, Any]) -> dict[str, Any]:
         "schema": REPORT_SCHEMA, "host": doc.get("host"), "outcome": outcome,
         "from": doc.get("from", {}).get("versions"), "to": doc.get("to", {}).get("versions"),
         "from_venv": doc.get("from", {}).get("venv"), "to_venv": doc.get("to", {}).get("venv"),
+        # the model commit each side serves with (null: the inventory names no source)
+        "from_model": ((doc.get("from") or {}).get("model") or {}).get("commit"),
+        "to_model": ((doc.get("to") or {}).get("model") or {}).get("commit"),
         "steps": steps, "verify": verify,
         "probe": {"interval_s": probe.get("interval_s"),
                   "requests_started": probe.get("requests_started"), "requests": probe.get("requests"),

@@ -48,6 +48,9 @@ FIELDS: tuple[Field, ...] = (
        "weights at pdnode_model_path"),
     _F("pdnode_model_endpoint", "str_or_none", None, "the HF-compatible endpoint hf:// sources come from (a site "
        "mirror, http(s)://HOST[:PORT][/PATH]); unset: huggingface_hub's default"),
+    _F("pdnode_model_share_port", "int", 29100, "where the first engine host of a layout spanning hosts serves the "
+       "verified model to the other engine hosts during the model role's run (its address; only the layout's peers "
+       "are admitted): one download from the endpoint per layout"),
     _F("pdnode_model_token_file", "str_or_none", None, "controller file holding the hub token of a gated model "
        "(relative paths as for pdnode_api_key_file); read on the controller, on the host only while a download "
        "runs (mode 0600), never in a unit, an argv or a log"),

@@ -299,11 +299,13 @@ def _check_thresholds(c: _Checker, thresholds: Any) -> None:
 
 
 def build_plan(variables: dict[str, Any], host: str = "node",
-               inventory: Mapping[str, Mapping[str, Any]] | None = None, inventory_dir: str | None = None) -> Plan:
+               inventory: Mapping[str, Mapping[str, Any]] | None = None, inventory_dir: str | None = None,
+               model_lock: dict[str, Any] | None = None) -> Plan:
     """Validate a node description and derive the plan of ``host``; raise PlanError with
     all problems. ``inventory`` maps every inventory host to its variables (only the
     hosts a multi-host layout names are read: their address and layout description);
-    ``inventory_dir`` (Ansible's inventory_dir) holds the model's lock file."""
+    ``inventory_dir`` (Ansible's inventory_dir) holds the model's lock file; ``model_lock``
+    (an upgrade's way back: the lock the serving commit was verified against) replaces it."""
     c = _Checker(variables)
     _deferred(c)
     if c.problems:  # what the value is, is not known: the rest would judge a template's text
@@ -329,7 +331,7 @@ def build_plan(variables: dict[str, Any], host: str = "node",
         c.error("model-kind-known",
                 "pdnode_model_kind", v["pdnode_model_kind"], "unknown model kind", f"use one of {', '.join(MODEL_KINDS)}")
     # The model's own files, where a source pins them: the facts the inventory need not type.
-    model, facts = model_plan.resolve(c.error, c.warn, v, inventory_dir, REPO_ROOT)
+    model, facts = model_plan.resolve(c.error, c.warn, v, inventory_dir, REPO_ROOT, model_lock)
     if facts is not None:
         v["pdnode_model_kind"] = v["pdnode_model_kind"] or facts.kind
         v["pdnode_model_controller_path"] = v["pdnode_model_controller_path"] or str(facts.directory)
@@ -401,11 +403,13 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     guards.check_engine_doors(c.error, c.warn, allow, [(f"{i.field}.extra_args", i.extra_args) for i in engines],
                               v["pdnode_model_load_format"], {p.field for p in c.problems})
     _check_router(c, v, allow)
-    ports = allocate(c, engines, {
-        "router.port": ("pdnode_router_port", v["pdnode_router_port"]),
-        "router.metrics_port": ("pdnode_router_metrics_port", v["pdnode_router_metrics_port"]),
-    })
-    for name in ("pdnode_router_port", "pdnode_router_metrics_port"):
+    fixed = {"router.port": ("pdnode_router_port", v["pdnode_router_port"]),
+             "router.metrics_port": ("pdnode_router_metrics_port", v["pdnode_router_metrics_port"])}
+    sharing = model_plan.shares(model, layout)
+    if sharing:  # one download per layout: the first engine host serves the others
+        fixed["model.share_port"] = ("pdnode_model_share_port", v["pdnode_model_share_port"])
+    ports = allocate(c, engines, fixed)
+    for name in ("pdnode_router_port", "pdnode_router_metrics_port") + (("pdnode_model_share_port",) if sharing else ()):
         _check_port(c, name, v[name])
     if v["pdnode_router_port"] == 30000:
         c.warn("router-port-not-30000",
@@ -415,7 +419,9 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     if c.problems or layout is None:
         raise PlanError(c.problems)
     plan = _derive(v, engines, ib_map, ports, c.warnings, layout, kv)
-    plan.model = model or {}
+    plan.model = model_plan.with_share(model or {}, plan.cluster, host, ports.get("model.share_port"))
+    if plan.model.get("share", {}).get("seed") == host:  # the peers fetch from this host
+        plan.firewall["tcp_ports"] = sorted({*plan.firewall["tcp_ports"], plan.model["share"]["port"]})
     if plan.model.get("commit"):
         # The commit is part of what an engine started with: a new one restarts each
         # engine by the deploy's drain-and-restart, as a changed argument does.

@@ -24,9 +24,12 @@ LOCK_FIX = "run `pdnode model lock INVENTORY` (it resolves the revision and writ
 
 
 def resolve(error: Report, warn: Report, v: dict[str, Any], inventory_dir: str | None,
-            repo_root: Path) -> tuple[dict[str, Any] | None, ModelFacts | None]:
+            repo_root: Path, lock_override: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None,
+                                                                                  ModelFacts | None]:
     """(the plan's model record, the model's facts) for the typed values ``v``; (None, None)
-    without a source. Problems go to ``error``/``warn`` (rule id, field, value, why, fix)."""
+    without a source. Problems go to ``error``/``warn`` (rule id, field, value, why, fix).
+    ``lock_override``: the lock of the commit an upgrade goes back to (the host's record),
+    used instead of the inventory's file and not held to the source's revision."""
     text = v.get("pdnode_model_source")
     if not isinstance(text, str):
         return None, None
@@ -58,6 +61,13 @@ def resolve(error: Report, warn: Report, v: dict[str, Any], inventory_dir: str |
     where = Path(inventory_dir) if inventory_dir else None
     lock_file = model_source.lock_path(where) if where is not None else None
     record.update(repo=source.repo, revision=source.revision, lock_file=str(lock_file) if lock_file else None)
+    if lock_override is not None:
+        try:
+            lock = model_source.lock_from_dict(lock_override, "the serving commit's recorded lock")
+        except SourceError as exc:
+            error("model-lock-readable", "pdnode_model_source", text, exc.why, exc.fix)
+            return record, None
+        return _locked(error, warn, record, lock, v, f"{lock.repo}@{lock.commit[:12]}")
     if lock_file is None:
         error("model-lock-missing", "pdnode_model_source", text,
               "needs the inventory's directory to find its lock file, and this caller gave none",
@@ -77,6 +87,13 @@ def resolve(error: Report, warn: Report, v: dict[str, Any], inventory_dir: str |
               f"differs from what {lock_file} pins ({lock.source} at commit {lock.commit[:12]})",
               LOCK_FIX.format(lock=lock_file))
         return record, None
+    return _locked(error, warn, record, lock, v, f"{source.repo}@{lock.commit[:12]}")
+
+
+def _locked(error: Report, warn: Report, record: dict[str, Any], lock: model_source.Lock, v: dict[str, Any],
+            where: str) -> tuple[dict[str, Any], ModelFacts | None]:
+    """The record of a pinned commit, and the facts its cached files state."""
+    text = record["source"]
     record.update(commit=lock.commit, files=len(lock.files), total_bytes=lock.total_bytes, gated=lock.gated,
                   lock=lock.as_dict())
     cache = model_source.cache_path(lock.repo, lock.commit)
@@ -91,9 +108,29 @@ def resolve(error: Report, warn: Report, v: dict[str, Any], inventory_dir: str |
     record["facts"] = facts.as_dict()
     record["cache"] = str(cache)
     typed = {k: v.get(k) for k in ("pdnode_model_kind", "pdnode_model_weights_gb", "pdnode_model_kv_bytes_per_token")}
-    for field_, value, why, fix in model_facts.contradictions(facts, typed, f"{source.repo}@{lock.commit[:12]}"):
+    for field_, value, why, fix in model_facts.contradictions(facts, typed, where):
         error("model-fact-contradicts-files", field_, value, why, fix)
     return record, facts
+
+
+def shares(model: dict[str, Any] | None, layout: Any) -> bool:
+    """Does this layout share one download among its hosts (an hf:// source, several hosts)?"""
+    return bool(model and model.get("scheme") == "hf" and layout is not None and layout.multi_host)
+
+
+def with_share(model: dict[str, Any], cluster: dict[str, Any], host: str, port: int | None) -> dict[str, Any]:
+    """The model record with ``share`` where the layout spans hosts: the first engine host
+    (by name) downloads from the endpoint and serves the verified commit on its address
+    and ``port`` to the other engine hosts (a host with the router alone needs no model)."""
+    if not model or model.get("scheme") != "hf" or port is None or not cluster.get("multi_host"):
+        return model
+    engine_hosts = sorted(h for h, entry in cluster["hosts"].items()
+                          if any(s != "router" for s in entry.get("services", [])))
+    if len(engine_hosts) < 2:
+        return model
+    seed = engine_hosts[0]
+    return {**model, "share": {"seed": seed, "address": cluster["hosts"][seed]["address"], "port": port,
+                               "peers": engine_hosts[1:], "engine_host": host in engine_hosts}}
 
 
 def _readable_file(path: Path) -> bool:

@@ -365,6 +365,12 @@ class ModelToken(TypedDict):
     dest: str  # where the role puts it (0600) while the download runs
 
 
+class ModelShareUnit(TypedDict):
+    unit: str  # the seed's transient unit that serves the commit to the peers
+    start: list[str]  # systemd-run of pdnode.node.model_fetch --serve
+    stop: list[str]
+
+
 class ModelView(TypedDict):
     """The model role's view (pdnode.core.plan.roles.model); {"enabled": false} without a
     source (or when the plan has no lock to read)."""
@@ -373,6 +379,9 @@ class ModelView(TypedDict):
     argv: NotRequired[list[str]]  # pdnode.node.model_fetch with the spec on stdin
     token: NotRequired[ModelToken | None]
     group: NotRequired[str]  # the service user's group, which reads the files
+    peer: NotRequired[bool]  # fetch from the seed host (spec.peer), not from the endpoint
+    share: NotRequired[ModelShareUnit | None]  # the seed: serve the verified commit to the peers
+    state_file: NotRequired[str | None]  # the host's {current, previous} commits (COMMIT.stamp.json beside it)
     spec: NotRequired[dict[str, Any]]  # pdnode.node.model_fetch's spec
 
 
@@ -394,6 +403,15 @@ class ModelFactsDoc(TypedDict):
     quantization: str | None
 
 
+class ModelShare(TypedDict):
+    """One download per layout spanning hosts (pdnode.core.plan.model.with_share)."""
+    seed: str  # the engine host that downloads from the endpoint and serves the others
+    address: str  # its address in the layout
+    port: int  # pdnode_model_share_port
+    peers: list[str]  # the other engine hosts: they fetch from the seed
+    engine_host: bool  # does this host run an engine (a router-only host needs no model)
+
+
 class Model(TypedDict):
     """Where the model comes from (pdnode.core.plan.model); the plan's ``model`` is {}
     when the inventory names no pdnode_model_source."""
@@ -412,6 +430,7 @@ class Model(TypedDict):
     lock: NotRequired[dict[str, Any]]  # the lock file's document (pdnode.model-lock/1): what the hosts verify
     cache: NotRequired[str]  # the controller's copy of the commit's small files
     facts: NotRequired[ModelFactsDoc]
+    share: NotRequired[ModelShare]
 
 
 class NoModel(TypedDict):
