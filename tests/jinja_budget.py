@@ -18,10 +18,10 @@ ROLES = ROOT / "roles"
 EXPRESSION = re.compile(r"\{\{|\{%")
 # Issue 43's goal (before it: pd_services 323, all 718), and what the roles hold at most
 # today: a ratchet that only goes down (lower it when a change moves more logic out). A new
-# role brings its own few: the model role (issue 44) added 10 to "all" (385 -> 395; 3 of
+# role brings its own few: the model role (issue 44) added 9 to "all" (385 -> 394; 3 of
 # them start and stop the share of a layout spanning hosts).
 GOAL = {"pd_services": 120, "all": 400}
-CEILING = {"pd_services": 116, "all": 395}
+CEILING = {"pd_services": 116, "all": 394}
 VARS_LINES = {"pd_services": 40}
 
 

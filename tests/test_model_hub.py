@@ -265,3 +265,22 @@ def test_an_interrupted_download_resumes_with_what_is_missing(hub, tmp_path):
     rest = ["model-00002-of-00002.safetensors", "tokenizer.json"]
     assert rc == 0 and out["downloaded"] == rest
     assert _new(hub.downloads(), before) == dict.fromkeys(rest, 1)
+
+
+def test_the_service_users_group_is_made_when_the_host_has_none_yet(hub, tmp_path):
+    import grp
+
+    name = "pdnode-mdl-test"
+    subprocess.run(["groupdel", name], capture_output=True, check=False)
+    lock = _lock_of(hub, tmp_path, hub.first)
+    path = tmp_path / "host" / "tiny"
+    try:
+        rc, out = _fetch(tmp_path, {"lock": lock.as_dict(), "path": str(path), "endpoint": hub.url, "group": name})
+        assert rc == 0 and out["changed"], out
+        gid = grp.getgrnam(name).gr_gid
+        assert (path / "config.json").resolve().stat().st_gid == gid
+        # the group there, nothing else changed: no change
+        rc, out = _fetch(tmp_path, {"lock": lock.as_dict(), "path": str(path), "endpoint": hub.url, "group": name})
+        assert (rc, out["changed"]) == (0, False)
+    finally:
+        subprocess.run(["groupdel", name], capture_output=True, check=False)

@@ -159,7 +159,7 @@ class Fetcher:
         self.reserve = int(spec.get("reserve_bytes", FREE_MARGIN_BYTES))
         self.peer: str | None = spec.get("peer")  # the layout's seed host, where a peer copies from
         self.stall_timeout_s = float(spec.get("stall_timeout_s", 60))
-        self.gid = grp.getgrnam(spec.get("group") or "root").gr_gid  # KeyError: a bad spec
+        self.group: str = spec.get("group") or "root"
         self.report: dict[str, Any] = {"commit": self.commit, "path": str(self.path), "changed": False,
                                        "downloaded": [], "downloaded_bytes": 0, "repaired": {}, "removed": [],
                                        "switched": False, "verified": "stamp"}
@@ -342,15 +342,38 @@ class Fetcher:
         if self.path.exists() and not self.path.is_symlink():
             raise Refused(f"pdnode_model_path {self.path} is a directory or file pdnode did not make; move it "
                           "away (or point local:// at it to serve it as it is), then rerun")
-        self.report.update(changed=not (holds and linked) or self.deep, switched=not linked,
+        try:
+            grp.getgrnam(self.group)
+            group_missing = False
+        except KeyError:
+            group_missing = True
+        self.report.update(changed=not (holds and linked) or self.deep or group_missing, switched=not linked,
                            verified="not run (check mode)",
                            downloaded=[] if have else [f["path"] for f in self.files],
                            downloaded_bytes=0 if have else sum(f["size"] for f in self.files))
         return self.report
 
+    def _ensure_group(self) -> None:
+        """The service user's group reads the files; on a new host it comes before the
+        pd_services role makes the user in it (groupadd --system, as that role would)."""
+        try:
+            self.gid = grp.getgrnam(self.group).gr_gid
+            return
+        except KeyError:
+            pass
+        import subprocess
+
+        r = subprocess.run(["groupadd", "--system", self.group], capture_output=True, text=True, check=False)
+        if r.returncode not in (0, 9):  # 9: it exists (made meanwhile)
+            raise Refused(f"the group {self.group} (the service user's) could not be made: "
+                          f"{(r.stderr or r.stdout).strip()[:200]}; make it, then rerun")
+        self.gid = grp.getgrnam(self.group).gr_gid
+        self.report["changed"] = True
+
     def run(self, switch: bool = True) -> dict[str, Any]:
         """Download and verify (or repair); then, unless ``switch`` is false (an upgrade's
         build: the commit beside the serving one), switch the path to it."""
+        self._ensure_group()
         if self.commit_dir.is_dir():
             if self.deep:
                 self._repair()

@@ -378,7 +378,6 @@ class ModelView(TypedDict):
     scheme: NotRequired[Literal["hf", "local"]]
     argv: NotRequired[list[str]]  # pdnode.node.model_fetch with the spec on stdin
     token: NotRequired[ModelToken | None]
-    group: NotRequired[str]  # the service user's group, which reads the files
     peer: NotRequired[bool]  # fetch from the seed host (spec.peer), not from the endpoint
     share: NotRequired[ModelShareUnit | None]  # the seed: serve the verified commit to the peers
     state_file: NotRequired[str | None]  # the host's {current, previous} commits (COMMIT.stamp.json beside it)

@@ -36,8 +36,8 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
         return off
     argv = [install["python"], "-m", "pdnode.node.model_fetch", "-"]
     path = model["path"]
-    base = {"enabled": True, "scheme": model["scheme"], "argv": argv, "token": None, "group": install["user"],
-            "peer": False, "share": None, "state_file": None}
+    base = {"enabled": True, "scheme": model["scheme"], "argv": argv, "token": None, "peer": False, "share": None,
+            "state_file": None}
     if model["scheme"] == "local":
         return {**base, "spec": {"scheme": "local", "path": path}}
     share = model.get("share")
