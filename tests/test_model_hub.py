@@ -8,16 +8,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from pdnode.core.inventory import model_source
-from pdnode.standin.model_hub import Hub, commit_files, free_port
+from pdnode.standin.model_hub import CutRelay, Hub, commit_files, free_port
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,45 +127,6 @@ def test_an_unreachable_endpoint_is_named(inventory, tmp_path):
 
 # --- the host side ------------------------------------------------------------------------
 
-class Relay:
-    """A TCP relay to the hub that closes, unanswered, every GET naming ``cut``: a link
-    that drops in the middle of one file's download."""
-
-    def __init__(self, target: int, cut: str):
-        self.target, self.cut = target, cut.encode()
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._pipe, args=(client,), daemon=True).start()
-
-    def _pipe(self, client):
-        with client, socket.create_connection(("127.0.0.1", self.target)) as up:
-            def down():
-                try:
-                    while data := up.recv(65536):
-                        client.sendall(data)
-                except OSError:
-                    pass
-            threading.Thread(target=down, daemon=True).start()
-            try:
-                while data := client.recv(65536):
-                    if data.startswith(b"GET") and self.cut in data.split(b"\r\n", 1)[0]:
-                        return
-                    up.sendall(data)
-            except OSError:
-                pass
-
-    def close(self):
-        self.sock.close()
-
-
 def _lock_of(hub, tmp_path, commit):
     from pdnode.commands.model import resolve
     return resolve(model_source.parse(f"hf://org/tiny@{commit}"), hub.url, False)
@@ -252,7 +211,7 @@ def test_a_disk_too_small_is_refused_before_any_byte_moves(hub, tmp_path):
 def test_an_interrupted_download_resumes_with_what_is_missing(hub, tmp_path):
     lock = _lock_of(hub, tmp_path, hub.first)
     path = tmp_path / "host" / "tiny"
-    relay = Relay(hub.port, "model-00002-of-00002.safetensors")
+    relay = CutRelay(hub.port, "model-00002-of-00002.safetensors")
     try:
         rc, out = _fetch(tmp_path, {"lock": lock.as_dict(), "path": str(path), "endpoint": relay.url, "retries": 2})
     finally:

@@ -52,6 +52,8 @@ RULE_CASES: dict[str, tuple[dict, set[str]]] = {
     "model-token-file": ({"pdnode_model_source": f"local://{GPU01_MODEL}", "pdnode_model_token_file": "no/such"},
                          set()),
     "model-source-local-path": ({"pdnode_model_source": "local:///models/other"}, set()),
+    "model-reserve-range": ({"pdnode_model_source": f"local://{GPU01_MODEL}", "pdnode_model_reserve_gb": -1.0},
+                            set()),
     # build_plan without the inventory's directory: no lock can be found
     "model-lock-missing": ({"pdnode_model_source": "hf://zai-org/GLM-4.5-Air-FP8@main"}, set()),
     "model-path-absolute": ({"pdnode_model_path": "zai-org/GLM-4.5-Air-FP8"}, set()),

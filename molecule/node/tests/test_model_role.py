@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from pdnode.core.inventory import model_source
-from pdnode.standin.model_hub import Hub, commit_files
+from pdnode.standin.model_hub import CutRelay, Hub, commit_files
 
 pytestmark = pytest.mark.model
 
@@ -170,6 +170,73 @@ def test_a_deleted_shard_is_repaired_by_the_next_run(host, hub, model_inv):
     assert deploy(model_inv)["changed"] >= 1
     assert host.file(f"{MODEL_PATH}/{SHARDS[0]}").size == 4_000_000
     assert new_downloads(hub, before) == {SHARDS[0]: 1}
+
+
+def variant(model_inv: Path, tmp_path: Path, **changes) -> Path:
+    """The model inventory with other values (its own lock and cache, beside it)."""
+    inv = tmp_path / "inv-variant"
+    (inv / "host_vars").mkdir(parents=True)
+    (inv / "group_vars").symlink_to(REPO / "inventories" / "demo" / "group_vars")
+    (inv / "hosts.yml").write_text((model_inv / "hosts.yml").read_text())
+    description = json.loads((model_inv / "host_vars" / f"{CONTAINER}.yml").read_text())
+    (inv / "host_vars" / f"{CONTAINER}.yml").write_text(json.dumps({**description, **changes}))
+    _cache(inv).mkdir()
+    return inv
+
+
+def failed_deploy(inv: Path) -> str:
+    r = run(inv, "ansible-playbook", "-i", str(inv), str(REPO / "playbooks" / "deploy.yml"))
+    assert r.returncode != 0, r.stdout[-3000:]
+    return r.stdout
+
+
+def test_unknown_and_refused_repositories_are_refused_in_one_line_before_any_host(hub, model_inv, tmp_path):
+    commit_files(hub.mirrors, "gated/demo-moe", {"config.json": b"{}"}, "refused to every caller")
+    for i, (source, says) in enumerate((("hf://pdnode/nothing@main", "has no repository pdnode/nothing"),
+                         (f"hf://{REPO_ID}@no-such-branch", "has no revision 'no-such-branch'"),
+                         ("hf://gated/demo-moe@main", "give pdnode_model_token_file"))):
+        inv = variant(model_inv, tmp_path / str(i), pdnode_model_source=source)
+        r = run(inv, str(REPO / ".venv/bin/pdnode"), "model", "lock", str(inv))
+        assert r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (inv / ".model.lock.json").exists()
+
+
+def test_a_disk_too_small_is_refused_before_any_byte_moves(host, hub, model_inv, tmp_path):
+    commit_files(hub.mirrors, "pdnode/demo-moe-big", _files(5), "a model the disk has no room for")
+    path = "/var/lib/sglang-pd-models/big/demo-moe"
+    inv = variant(model_inv, tmp_path, pdnode_model_source="hf://pdnode/demo-moe-big@main", pdnode_model_path=path,
+                  pdnode_model_reserve_gb=1e6)  # keep a petabyte free: no disk has room
+    lock(inv)
+    before = hub.downloads()
+    out = failed_deploy(inv)
+    assert "free space there, or set pdnode_model_path on a larger disk" in out and CONTAINER in out
+    assert new_downloads(hub, before) == {}
+    assert not host.file(path).exists
+
+
+def test_a_download_cut_half_way_is_resumed_with_what_is_missing(host, hub, model_inv, tmp_path):
+    files = _files(6)
+    commit_files(hub.mirrors, "pdnode/demo-moe-cut", files, "a model whose second shard the link cuts")
+    path = "/var/lib/sglang-pd-models/cut/demo-moe"
+    relay = CutRelay(hub.port, SHARDS[1], host=hub.host)
+    try:
+        inv = variant(model_inv, tmp_path, pdnode_model_source="hf://pdnode/demo-moe-cut@main",
+                      pdnode_model_endpoint=relay.url, pdnode_model_path=path)
+        lock(inv)
+        out = failed_deploy(inv)
+    finally:
+        relay.close()
+    assert SHARDS[1] in out and "files already downloaded are kept" in out
+    assert not host.file(path).exists  # never a half-written model at the path
+    description = json.loads((inv / "host_vars" / f"{CONTAINER}.yml").read_text())
+    (inv / "host_vars" / f"{CONTAINER}.yml").write_text(json.dumps({**description, "pdnode_model_endpoint": hub.url}))
+    before = hub.downloads()
+    deploy(inv)
+    got = new_downloads(hub, before)
+    assert SHARDS[0] not in got and got.get(SHARDS[1]) == 1, got  # the first shard was kept
+    assert host.check_output(f"sha256sum {path}/{SHARDS[1]}").split()[0] == next(
+        f.sha256 for f in model_source.read_lock(inv / ".model.lock.json").files if f.path == SHARDS[1])
+    deploy(model_inv)  # the scenario's own model back
 
 
 def _engine_pids(host) -> dict[str, str]:

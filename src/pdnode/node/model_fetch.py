@@ -250,9 +250,9 @@ class Fetcher:
                           "free; free space there, or set pdnode_model_path on a larger disk")
 
     def _fetch_new(self) -> None:
+        self._preflight_disk(self.staging)  # before anything is written
         self.home.mkdir(parents=True, exist_ok=True)
         self.staging.mkdir(exist_ok=True)
-        self._preflight_disk(self.staging)
         wanted = [f["path"] for f in self.files if not _complete(self.staging / f["path"], f["size"])]
         self._download(wanted, self.staging)
         bad = problems(self.staging, self.files, deep=True)

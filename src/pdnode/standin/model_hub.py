@@ -217,6 +217,52 @@ cache = [{{ repo = "*", allow = true }}, {{ repo = "*/*", allow = true }}]
         self.stop()
 
 
+class CutRelay:
+    """A TCP relay on ``host`` to the hub at ``target`` that closes, unanswered, every GET
+    whose request line names ``cut``: a link that drops in the middle of a download (the
+    tests of a resumed download, on the loopback or on a container network's gateway)."""
+
+    def __init__(self, target: int, cut: str, host: str = "127.0.0.1"):
+        import threading
+
+        self.target, self.cut, self.host = target, cut.encode(), host
+        self.sock = socket.create_server((host, 0))
+        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._pipe, args=(client,), daemon=True).start()
+
+    def _pipe(self, client: socket.socket) -> None:
+        import threading
+
+        with client, socket.create_connection((self.host, self.target)) as up:
+            def down() -> None:
+                try:
+                    while data := up.recv(65536):
+                        client.sendall(data)
+                except OSError:
+                    pass
+            threading.Thread(target=down, daemon=True).start()
+            try:
+                while data := client.recv(65536):
+                    if data.startswith(b"GET") and self.cut in data.split(b"\r\n", 1)[0]:
+                        return
+                    up.sendall(data)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     """serve DIR [--host ADDRESS] [--port N] [--demo]: olah over DIR/mirrors (with --demo,
     the demo model's repository made there first); one JSON line {url, pid, commit}."""

@@ -48,6 +48,8 @@ FIELDS: tuple[Field, ...] = (
        "weights at pdnode_model_path"),
     _F("pdnode_model_endpoint", "str_or_none", None, "the HF-compatible endpoint hf:// sources come from (a site "
        "mirror, http(s)://HOST[:PORT][/PATH]); unset: huggingface_hub's default"),
+    _F("pdnode_model_reserve_gb", "float", 1.0, "free space (GB) a download must leave on the filesystem of "
+       "pdnode_model_path: the model role refuses, before any byte moves, a commit that does not fit with it"),
     _F("pdnode_model_share_port", "int", 29100, "where the first engine host of a layout spanning hosts serves the "
        "verified model to the other engine hosts during the model role's run (its address; only the layout's peers "
        "are admitted): one download from the endpoint per layout"),

@@ -49,6 +49,10 @@ def resolve(error: Report, warn: Report, v: dict[str, Any], inventory_dir: str |
         error("model-token-file", "pdnode_model_token_file", token,
               f"is not a readable file on the controller ({repo_root / token})",
               "write the hub token into that file (mode 0600) or remove pdnode_model_token_file")
+    reserve = v.get("pdnode_model_reserve_gb")
+    if isinstance(reserve, float) and reserve < 0:
+        error("model-reserve-range", "pdnode_model_reserve_gb", reserve, "must be 0 or more GB",
+              "give the free space a download must leave, e.g. 1.0")
     record: dict[str, Any] = {"source": text, "scheme": source.scheme, "path": v.get("pdnode_model_path"),
                               "endpoint": endpoint, "token_file": token}
     if source.scheme == "local":

@@ -50,6 +50,7 @@ RULES: tuple[Rule, ...] = (
     # --- where the model comes from (pdnode_model_source; docs/model.md)
     Rule("model-source-form", "error", "`pdnode_model_source` is hf://ORG/NAME[@REVISION] or local:///PATH"),
     Rule("model-endpoint-form", "error", "`pdnode_model_endpoint` is an http(s) URL: host, optional port and path"),
+    Rule("model-reserve-range", "error", "`pdnode_model_reserve_gb` is 0 or more"),
     Rule("model-token-file", "error", "`pdnode_model_token_file` is a readable file on the controller"),
     Rule("model-source-local-path", "error", "a local:// source names `pdnode_model_path` itself"),
     Rule("model-lock-missing", "error", "an hf:// source is pinned by .model.lock.json beside the inventory "

@@ -46,7 +46,8 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
     store = posixpath.join(posixpath.dirname(path), ".pdnode-models")
     home = posixpath.join(store, model["lock"]["repo"].replace("/", "--"))
     spec = {"scheme": "hf", "lock": model["lock"], "path": path, "store": store, "endpoint": model.get("endpoint"),
-            "token_file": None, "group": install["user"], "retries": RETRIES, "stall_timeout_s": STALL_TIMEOUT_S}
+            "token_file": None, "group": install["user"], "retries": RETRIES, "stall_timeout_s": STALL_TIMEOUT_S,
+            "reserve_bytes": int(float(plan["settings"]["pdnode_model_reserve_gb"]) * 1e9)}
     # which commit serves ({current, previous}), and each commit's stamp beside it
     # (COMMIT.stamp.json: its lock): what an upgrade's way back reads
     out = {**base, "spec": spec, "state_file": posixpath.join(home, "state.json")}
