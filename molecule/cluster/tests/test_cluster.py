@@ -268,8 +268,10 @@ def test_one_download_per_layout_the_other_engine_host_copies_from_the_first(tmp
     from pdnode.core.inventory import model_source
     from pdnode.standin.model_hub import Hub, commit_files
 
-    gateway = subprocess.run(["docker", "network", "inspect", "-f", "{{(index .IPAM.Config 0).Gateway}}", NETWORK],
-                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    # the controller as the hosts reach it: their network's gateway (as the container sees it)
+    gateway = subprocess.run(["docker", "inspect", "-f", f"{{{{(index .NetworkSettings.Networks \"{NETWORK}\").Gateway}}}}",
+                              "pd-decode"], capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert gateway, f"pd-decode has no gateway on {NETWORK}"
     rng = random.Random(7)  # noqa: S311 -- reproducible test bytes, not a secret
     demo = REPO / "playbooks" / "files" / "demo-moe"
     files = {n: demo / n for n in ("config.json", "tokenizer.json", "tokenizer_config.json")}
