@@ -295,6 +295,7 @@ OPTIONAL = {
     "bench": "pdnode.commands.bench",
     "runbooks": "pdnode.commands.runbooks",
     "model": "pdnode.commands.model",
+    "diff": "pdnode.commands.diff",
 }
 OPTIONAL_HELP = {
     "verify": "verify a running node (exit 0 ok, 1 a check failed, 2 could not run)",
@@ -308,6 +309,8 @@ OPTIONAL_HELP = {
                 ".cache/runbooks/<host>/",
     "model": "pin the inventory's hf:// model to a commit (.model.lock.json beside it) and cache its config files "
              "for `pdnode check`",
+    "diff": "a layout change as steps: what starts, restarts and stops, in which order, how many of each role "
+            "serve after each step (exit 1: a role reaches 0)",
 }
 
 
