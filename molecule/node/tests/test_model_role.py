@@ -5,7 +5,9 @@ on the 2P2D node. The server's own access log counts every file it served.
 
 In file order: the first download, the no-change rerun, a flipped byte (found by a deep
 run) and a deleted shard repaired, a new commit under load with no request lost, and the
-way back to the previous commit without a download."""
+way back to the previous commit without a download. Every test takes testinfra's `host`
+(parametrized per host): pytest runs tests of one parameter together, so a test without it
+would run after all the others, not in its place."""
 
 from __future__ import annotations
 
@@ -143,7 +145,7 @@ def test_the_first_deploy_downloads_each_file_once(host, hub, model_inv):
     assert r.returncode == 0, r.stdout[-4000:]
 
 
-def test_a_rerun_with_nothing_changed_changes_nothing(hub, model_inv):
+def test_a_rerun_with_nothing_changed_changes_nothing(host, hub, model_inv):
     before = hub.downloads()
     assert deploy(model_inv)["changed"] == 0
     assert new_downloads(hub, before) == {}
@@ -190,7 +192,7 @@ def failed_deploy(inv: Path) -> str:
     return r.stdout
 
 
-def test_unknown_and_refused_repositories_are_refused_in_one_line_before_any_host(hub, model_inv, tmp_path):
+def test_unknown_and_refused_repositories_are_refused_in_one_line_before_any_host(host, hub, model_inv, tmp_path):
     commit_files(hub.mirrors, "gated/demo-moe", {"config.json": b"{}"}, "refused to every caller")
     for i, (source, says) in enumerate((("hf://pdnode/nothing@main", "has no repository pdnode/nothing"),
                          (f"hf://{REPO_ID}@no-such-branch", "has no revision 'no-such-branch'"),
