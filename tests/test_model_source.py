@@ -18,16 +18,16 @@ MODELS = Path(__file__).parent / "fixtures" / "models"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-@pytest.mark.parametrize(("text", "repo", "revision", "pinned"), [
-    ("hf://Qwen/Qwen3-8B@main", "Qwen/Qwen3-8B", "main", False),
-    ("hf://Qwen/Qwen3-8B", "Qwen/Qwen3-8B", "main", False),
-    ("hf://gpt2@v1.0", "gpt2", "v1.0", False),
-    ("hf://deepseek-ai/DeepSeek-V3@refs/pr/12", "deepseek-ai/DeepSeek-V3", "refs/pr/12", False),
-    (f"hf://o/m@{COMMIT}", "o/m", COMMIT, True),
+@pytest.mark.parametrize(("text", "repo", "revision"), [
+    ("hf://Qwen/Qwen3-8B@main", "Qwen/Qwen3-8B", "main"),
+    ("hf://Qwen/Qwen3-8B", "Qwen/Qwen3-8B", "main"),
+    ("hf://gpt2@v1.0", "gpt2", "v1.0"),
+    ("hf://deepseek-ai/DeepSeek-V3@refs/pr/12", "deepseek-ai/DeepSeek-V3", "refs/pr/12"),
+    (f"hf://o/m@{COMMIT}", "o/m", COMMIT),
 ])
-def test_hf_sources(text, repo, revision, pinned):
+def test_hf_sources(text, repo, revision):
     s = model_source.parse(text)
-    assert (s.scheme, s.repo, s.revision, s.pinned) == ("hf", repo, revision, pinned)
+    assert (s.scheme, s.repo, s.revision) == ("hf", repo, revision)
 
 
 @pytest.mark.parametrize("text", [

@@ -36,6 +36,15 @@ def from_checkout() -> bool:
     return (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "playbooks").is_dir()
 
 
+def user_cache_dir() -> Path:
+    """pdnode's cache of the user who runs it ($PDNODE_CACHE_DIR, else
+    $XDG_CACHE_HOME/pdnode or ~/.cache/pdnode): the validator, its verdicts, the models'
+    config files."""
+    base = os.environ.get("PDNODE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pdnode")
+    return Path(base)
+
+
 def controller_dir() -> Path:
     """The controller's directory for pdnode's commands and plan (see above)."""
     return _CHECKOUT if from_checkout() else Path.cwd()

@@ -175,66 +175,67 @@ class Fetcher:
                           "role (it copies the token for the download only)") from None
 
     def _download(self, names: list[str], into: Path) -> None:
-        """Each file into INTO (a directory huggingface_hub keeps its own bookkeeping in),
-        retried a bounded number of times; Refused naming the file after the last try."""
+        """Each file into INTO, from the endpoint (huggingface_hub, which keeps its own
+        bookkeeping there) or, on a peer, from the layout's first engine host; each retried
+        a bounded number of times, then Refused naming the file."""
+        fetch, source = self._peer_fetch() if self.peer else self._hub_fetch()
+        for name in names:
+            for attempt in range(1, self.retries + 1):
+                try:
+                    fetch(name, into)
+                    break
+                except Refused:
+                    raise
+                except Exception as exc:  # noqa: BLE001 -- a stall, a reset, a 5xx: retried, then one line
+                    if attempt == self.retries:
+                        raise Refused(f"{name} of {self.repo}@{self.commit[:12]} did not arrive from {source} in "
+                                      f"{self.retries} tries ({type(exc).__name__}); check that this host reaches "
+                                      "it, then rerun (files already downloaded are kept)") from None
+                    time.sleep(min(2 ** attempt, 10))
+            self.report["downloaded"].append(name)
+            self.report["downloaded_bytes"] += (into / name).stat().st_size
         if self.peer:
-            self._download_from_peer(names, into)
-            return
+            self.report["from"] = self.peer
+
+    def _hub_fetch(self) -> tuple[Any, str]:
+        """One file from the endpoint; an access refusal is final (not retried)."""
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
         token = self._token()
-        for name in names:
-            for attempt in range(1, self.retries + 1):
-                try:
-                    hf_hub_download(self.repo, name, revision=self.commit, endpoint=self.endpoint, token=token,
-                                    local_dir=into)
-                    break
-                except (GatedRepoError, RepositoryNotFoundError):
-                    raise Refused(f"{self.endpoint or 'the endpoint'} refused {self.repo}@{self.commit[:12]} "
-                                  f"({'with' if token else 'without'} a token); give pdnode_model_token_file a "
-                                  "token with access, or check pdnode_model_endpoint") from None
-                except Exception as exc:  # noqa: BLE001 -- a stall, a reset, a 5xx: retried, then one line
-                    if attempt == self.retries:
-                        raise Refused(f"{name} of {self.repo}@{self.commit[:12]} did not download from "
-                                      f"{self.endpoint or 'the endpoint'} in {self.retries} tries "
-                                      f"({type(exc).__name__}); check that the host reaches it, then rerun "
-                                      "(files already downloaded are kept)") from None
-                    time.sleep(min(2 ** attempt, 10))
-            size = (into / name).stat().st_size
-            self.report["downloaded"].append(name)
-            self.report["downloaded_bytes"] += size
+        where = self.endpoint or "the endpoint"
 
-    def _download_from_peer(self, names: list[str], into: Path) -> None:
-        """Each file from the layout's seed host (``--serve`` there), written whole under a
-        temporary name and renamed: a cut transfer leaves no file that looks complete."""
-        import urllib.error
+        def fetch(name: str, into: Path) -> None:
+            try:
+                hf_hub_download(self.repo, name, revision=self.commit, endpoint=self.endpoint, token=token,
+                                local_dir=into)
+            except (GatedRepoError, RepositoryNotFoundError):
+                raise Refused(f"{where} refused {self.repo}@{self.commit[:12]} ({'with' if token else 'without'} "
+                              "a token); give pdnode_model_token_file a token with access, or check "
+                              "pdnode_model_endpoint") from None
+        return fetch, where
+
+    def _peer_fetch(self) -> tuple[Any, str]:
+        """One file from the layout's first engine host (``--serve`` there), written whole
+        under a temporary name and renamed: a cut transfer leaves no file that looks complete."""
         import urllib.parse
         import urllib.request
 
         assert self.peer is not None
-        for name in names:
+        peer = self.peer
+
+        def fetch(name: str, into: Path) -> None:
             target = into / name
             target.parent.mkdir(parents=True, exist_ok=True)
             part = target.with_name(f".{target.name}.part")
-            url = f"{self.peer}/{urllib.parse.quote(name)}"
-            for attempt in range(1, self.retries + 1):
-                try:
-                    with urllib.request.urlopen(url, timeout=self.stall_timeout_s) as resp, open(part, "wb") as out:  # noqa: S310 -- http to the seed, from the plan
-                        shutil.copyfileobj(resp, out, 8 << 20)
-                    os.replace(part, target)
-                    break
-                except (OSError, urllib.error.URLError) as exc:
-                    _remove(part)
-                    if attempt == self.retries:
-                        raise Refused(f"{name} of {self.repo}@{self.commit[:12]} did not copy from the layout's "
-                                      f"first engine host ({self.peer}) in {self.retries} tries "
-                                      f"({type(exc).__name__}: {exc}); check that host's model step and that this "
-                                      "host reaches it, then rerun (files already copied are kept)") from None
-                    time.sleep(min(2 ** attempt, 10))
-            self.report["downloaded"].append(name)
-            self.report["downloaded_bytes"] += target.stat().st_size
-        self.report["from"] = self.peer
+            try:
+                with urllib.request.urlopen(f"{peer}/{urllib.parse.quote(name)}",  # noqa: S310 -- the plan's seed
+                                            timeout=self.stall_timeout_s) as resp, open(part, "wb") as out:
+                    shutil.copyfileobj(resp, out, 8 << 20)
+                os.replace(part, target)
+            finally:
+                _remove(part)
+        return fetch, f"the layout's first engine host ({peer})"
 
     # --- the steps ----------------------------------------------------------------------
     def _preflight_disk(self, have: Path) -> None:

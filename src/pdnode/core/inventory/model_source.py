@@ -21,11 +21,12 @@ Pure: parsing and reading. The resolution itself (huggingface_hub) is `pdnode mo
 from __future__ import annotations
 
 import json
-import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..resources import user_cache_dir
 
 # A dot-file, as Terraform's .terraform.lock.hcl: Ansible reads every other file of an
 # inventory directory as an inventory source (and warns about this one), but never a
@@ -66,11 +67,6 @@ class Source:
     revision: str | None = None  # hf: as written (a branch, a tag or a commit)
     path: str | None = None  # local: the directory on every host
 
-    @property
-    def pinned(self) -> bool:
-        """Does the source itself name a commit (no resolution needed)?"""
-        return self.revision is not None and bool(COMMIT_RE.match(self.revision))
-
 
 def parse(text: str) -> Source:
     """``hf://ORG/NAME[@REVISION]`` or ``local://PATH`` -> Source; SourceError otherwise."""
@@ -105,11 +101,9 @@ def check_endpoint(text: str) -> None:
 
 
 def cache_root() -> Path:
-    """The controller's model cache: $PDNODE_CACHE_DIR/models, else ~/.cache/pdnode/models
-    (content-addressed by commit, so checkouts may share it)."""
-    base = os.environ.get("PDNODE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pdnode")
-    return Path(base) / "models"
+    """The controller's model cache, models/ in pdnode's user cache (content-addressed by
+    commit, so checkouts may share it)."""
+    return user_cache_dir() / "models"
 
 
 def cache_path(repo: str, commit: str, root: Path | None = None) -> Path:
@@ -135,7 +129,6 @@ class Lock:
     commit: str
     files: tuple[ManifestFile, ...]
     gated: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..resources import user_cache_dir
+
 PACKAGE = Path(__file__).resolve().parents[2]
 MODELS = PACKAGE / "data" / "models"
 TINY_MODEL = {"moe_mla": "deepseek-v3-tiny", "moe": "deepseek-v3-tiny", "dense": "qwen2-tiny"}
@@ -50,9 +52,7 @@ class Verdict:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("PDNODE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pdnode")
-    return Path(base)
+    return user_cache_dir()
 
 
 def find_validator() -> Path | None:
