@@ -67,7 +67,10 @@ def test_a_named_instance_is_itself_wherever_it_stands_and_a_moved_one_restarts_
     m = lc.match(old, new)
     assert [o.id for o in m.stop] == ["decode-fast"] and [n.id for n in m.start] == ["decode-fast"]
     plan = lc.order(m)
-    assert labels(plan) == ["start decode-fast", "stop decode-fast"] and plan.zero_steps == []  # surge first
+    # one name, one unit: it stops where it ran before it starts where it runs now (no surge;
+    # an unnamed instance would be a new one, and could start first)
+    assert labels(plan) == ["stop decode-fast", "start decode-fast"]
+    assert [s.at_zero for s in plan.zero_steps] == [("decode",), ("decode",)]
 
 
 def test_changed_arguments_restart_in_place():
@@ -199,7 +202,8 @@ def test_diff_of_two_inventories_keeps_the_decode_that_stays(tmp_path, capsys):
     p3d1 = _inventory(tmp_path, "3p1d", [[0, 1], [2, 3], [4, 5]], [[6, 7]])
     assert main(["diff", "--from", str(p2d2), str(p3d1)]) == 0
     out = capsys.readouterr().out
-    assert "keeps running: decode-1 (listed as decode-0 now)" in out
+    assert "keeps running: decode-1 on pdnode-demo:6,7" in out
+    assert "note: pdnode_decode_instances[0] (decode-0 by its index) is decode-1" in out
     assert "1. stop decode-0" in out and "2. start prefill-2" in out and "every step keeps" in out
     assert main(["diff", "--json", "--from", str(p2d2), str(p3d1)]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -227,3 +231,20 @@ def test_diff_of_an_unreadable_inventory_is_one_line_exit_2(tmp_path, capsys):
     assert main(["diff", "--from", str(tmp_path / "nothing"), str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("pdnode diff: ") and "Traceback" not in err[0]
+
+
+@pytest.mark.integration
+def test_diff_of_a_node_whose_host_cannot_be_reached_is_one_line_exit_2(tmp_path, capsys):
+    """`pdnode diff INVENTORY` reads the hosts (playbooks/diff.yml): one that does not
+    answer is named in one line, exit 2, no traceback."""
+    import json
+
+    from pdnode.commands.cli import main
+    inv = _inventory(tmp_path, "2p2d", [[0, 1], [2, 3]], [[4, 5], [6, 7]])
+    (inv / "hosts.yml").write_text(json.dumps({"all": {"hosts": {"pdnode-demo": {
+        "ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 9,
+        "ansible_ssh_common_args": "-o ConnectTimeout=3 -o BatchMode=yes"}}}}))
+    assert main(["diff", str(inv)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pdnode diff: could not read what the node runs: "), err
+    assert "UNREACHABLE" in err[0] and "Traceback" not in err[0]

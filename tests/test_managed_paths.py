@@ -302,6 +302,9 @@ def test_each_entry_says_what_a_re_run_restores():
         for e in plan["managed"]:
             assert e["restores"] and set(e["restores"]) <= set(ASPECTS), (name, e)
             # mode, owner and group of every path; content of every file but the host-made key
+            # and the layout record (a changed one is refused: the plan read it first)
             assert {"mode", "owner", "group"} <= set(e["restores"]), (name, e["path"])
-            if e["kind"] != "directory" and e["path"] != plan["install"]["admin_key_path"]:
+            if e["kind"] == "state":
+                assert set(e["restores"]) == {"mode", "owner", "group", "presence"}, (name, e["path"])
+            elif e["kind"] != "directory" and e["path"] != plan["install"]["admin_key_path"]:
                 assert "content" in e["restores"] and "presence" in e["restores"], (name, e["path"])

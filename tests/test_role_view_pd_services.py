@@ -63,13 +63,14 @@ def test_every_file_kind_with_the_managed_mode_and_owners():
     view = plan["roles"]["pd_services"]
     managed = {m["path"]: m for m in plan["managed"] if m["role"] == "pd_services"}
     kinds = {f["kind"] for f in view["files"]}
-    assert kinds == {"config", "env", "unit", "drop-in"}
+    assert kinds == {"config", "env", "unit", "drop-in", "state"}
     for f in view["files"]:
         assert (f["mode"], f["owner"], f["group"]) == tuple(managed[f["path"]][k] for k in ("mode", "owner", "group"))
         assert (f["content"] is None) != (f["template"] is None), f["path"]
         assert f["unit"] == (f["kind"] in ("unit", "drop-in"))
-        # every file a person opens says who manages it; the JSON files cannot carry a comment
-        assert f["header"] == (f["kind"] != "config"), f["path"]
+        # every file a person opens says who manages it; the JSON files (arguments, the layout
+        # record) cannot carry a comment
+        assert f["header"] == (f["kind"] not in ("config", "state")), f["path"]
     # the one template: the services' units (they take the role's own settings)
     assert {f["template"] for f in view["files"]} == {None, "service.j2", "pair_probe.service.j2"}
     # every managed file but the keys and records is written by the module (the directories
@@ -283,7 +284,21 @@ TWO_PREFILLS = {"engines": ["prefill-0", "prefill-1", "decode-0"], "prefills": [
      {"engines": [], "router": False, "record": []}),
 ])
 def test_the_restart_set_in_start_order(rule, stale, flags, want):
-    assert FILES_MODULE.restart_plan(rule, stale, **flags) == want
+    steps = [{"kind": "restart", "id": e} for e in want["engines"]]
+    assert FILES_MODULE.restart_plan(rule, stale, **flags) == {**want, "steps": steps}
+
+
+def test_a_layout_change_s_steps_come_first_in_its_order_then_the_other_restarts():
+    """The plan's change on this host (pdnode.core.change.identity): its stops always (a
+    stop of a stopped unit is nothing), its starts and restarts only where the files
+    differ from what runs (a rerun after an interruption starts nothing twice)."""
+    rule = {**TWO_PREFILLS, "engines": ["prefill-0", "prefill-1", "prefill-2", "decode-0"],
+            "change": [{"kind": "stop", "id": "decode-1"}, {"kind": "start", "id": "prefill-2"},
+                       {"kind": "stop", "id": "prefill-9"}, {"kind": "restart", "id": "prefill-1"}]}
+    got = FILES_MODULE.restart_plan(rule, ["decode-0", "prefill-2"])
+    assert got["steps"] == [{"kind": "stop", "id": "decode-1"}, {"kind": "restart", "id": "prefill-2"},
+                            {"kind": "stop", "id": "prefill-9"}, {"kind": "restart", "id": "decode-0"}]
+    assert got["engines"] == ["prefill-2", "decode-0"]
 
 
 def test_the_view_s_restart_rule_is_the_plan_s_order():

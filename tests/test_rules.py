@@ -224,13 +224,26 @@ MODEL_RULE_CASES: dict[str, tuple[dict, str, set[str]]] = {
 }
 
 
+# Rules that need the node's record of the layout it runs (the deploy reads it from the
+# hosts): rule id -> (changes to gpu01, the layout the record holds (None: the record's text
+# is not JSON), other ids). gpu01 runs prefill TP4 on GPUs 0-3, decode DP4 on 4-7.
+RUNNING_RULE_CASES: dict[str, tuple[dict, dict | None, set[str]]] = {
+    "layout-record-readable": ({}, None, set()),
+    # the record: two decodes on GPUs 4-5 and 6-7; gpu01's one decode needs both GPU pairs
+    # free before it starts, so no decode serves meanwhile
+    "layout-change-keeps-serving": ({}, {"pdnode_decode_instances": [
+        {"gpus": g, "tp_size": 2, "attn_dp_size": 2, "ep_size": 2} for g in ([4, 5], [6, 7])]}, set()),
+}
+
+
 # Rules of `pdnode check` that come from SGLang's own validation, after the plan is built:
 # tests/conformance/test_check_sglang.py triggers each through the CLI.
 SGLANG_JUDGE_RULES = {"sglang-rejects", "sglang-could-not-judge", "sglang-validation-not-run"}
 
 
 def test_every_rule_has_a_case_and_every_case_a_rule():
-    cases = set(RULE_CASES) | set(PAIR_RULE_CASES) | set(MODEL_RULE_CASES) | SGLANG_JUDGE_RULES
+    cases = set(RULE_CASES) | set(PAIR_RULE_CASES) | set(MODEL_RULE_CASES) | set(RUNNING_RULE_CASES) \
+        | SGLANG_JUDGE_RULES
     assert not set(RULE_CASES) & set(PAIR_RULE_CASES), "a rule has two cases"
     assert not (set(RULE_CASES) | set(PAIR_RULE_CASES)) & set(MODEL_RULE_CASES), "a rule has two cases"
     assert sorted(set(BY_ID) - cases) == [], "rules without a case in RULE_CASES or PAIR_RULE_CASES"
@@ -267,6 +280,23 @@ def test_the_two_host_case_triggers_its_rule(rule_id):
              "gpu02": changed(load_inventory(pair, "gpu02").variables, theirs)}
     try:
         build_plan(peers["gpu01"], "gpu01", peers)
+        problems = []
+    except PlanError as exc:
+        problems = exc.problems
+    ids = [p.rule_id for p in problems]
+    assert rule_id in ids, [str(p) for p in problems]
+    assert set(ids) <= {rule_id} | also, [f"{p.rule_id}: {p}" for p in problems]
+
+
+@pytest.mark.parametrize("rule_id", sorted(RUNNING_RULE_CASES))
+def test_the_running_layout_case_triggers_its_rule(gpu01_vars, rule_id):
+    changes, ran, also = RUNNING_RULE_CASES[rule_id]
+    if ran is None:
+        text = "{not json"
+    else:
+        text = json.dumps(build_plan(changed(gpu01_vars, ran), "gpu01").as_dict()["change"]["record"])
+    try:
+        build_plan(changed(gpu01_vars, changes), "gpu01", running={"gpu01": text})
         problems = []
     except PlanError as exc:
         problems = exc.problems

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,13 +14,17 @@ try:
     from pdnode.node import unitcheck
     from pdnode.core.rules import guards, values
     from pdnode.core.plan.cluster import layout_view
-    from pdnode.core.plan.build import PlanError, build_plan
+    from pdnode.core.plan.build import PlanError, applied_dir, build_plan
+    from pdnode.core.change import identity
+    from pdnode.core.inventory.fields import BY_NAME
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from pdnode.node import unitcheck
     from pdnode.core.rules import guards, values
     from pdnode.core.plan.cluster import layout_view
-    from pdnode.core.plan.build import PlanError, build_plan
+    from pdnode.core.plan.build import PlanError, applied_dir, build_plan
+    from pdnode.core.change import identity
+    from pdnode.core.inventory.fields import BY_NAME
 
 
 def _site_variables(hostvars) -> dict:
@@ -44,6 +50,25 @@ class _Inventory(Mapping):
         return len(list(self._hostvars))
 
 
+def _running(variables, hostvars) -> dict:
+    """host -> the text of its record of the layout it runs (playbooks/tasks/plan.yml read
+    it into _pdnode_running: slurp's answer), for the hosts that have one."""
+    found = {}
+    for name, hv in ((h, hostvars[h]) for h in hostvars) if hostvars is not None else (("", variables),):
+        read = hv.get("_pdnode_running") if hasattr(hv, "get") else None
+        if isinstance(read, Mapping) and read.get("content"):
+            found[str(name)] = base64.b64decode(str(read["content"])).decode("utf-8", "replace")
+    return found
+
+
+def pdnode_layout_record_path(variables) -> str:
+    """Where the deploy records the layout a host runs (the plan's change.record_file)."""
+    prefix = variables.get("pdnode_service_prefix") or BY_NAME["pdnode_service_prefix"].default
+    if not isinstance(prefix, str) or not re.fullmatch(r"[a-z][a-z0-9-]{0,39}", prefix):
+        return ""  # the plan refuses the prefix, in one line; nothing is read before
+    return f"{applied_dir(prefix)}/{identity.RECORD_FILE}"
+
+
 def pdnode_plan(variables, host: str = "node", hostvars=None, model_lock=None, inventory_dir=None) -> dict:
     """hostvars of one host (and of all hosts, for a layout spanning several) -> the
     validated plan of that host as a dict (see docs/architecture.md). ``model_lock``: the
@@ -52,7 +77,8 @@ def pdnode_plan(variables, host: str = "node", hostvars=None, model_lock=None, i
     try:
         where = inventory_dir or (variables.get("inventory_dir") if hasattr(variables, "get") else None)
         plan = build_plan(_site_variables(variables), host, _Inventory(hostvars) if hostvars is not None else None,
-                          str(where) if where else None, dict(model_lock) if model_lock else None)
+                          str(where) if where else None, dict(model_lock) if model_lock else None,
+                          _running(variables, hostvars))
     except PlanError as exc:
         lines = "\n".join(f"  {p}" for p in exc.problems)
         raise AnsibleFilterError(f"the node description has {len(exc.problems)} problem(s):\n{lines}") from None
@@ -101,4 +127,5 @@ class FilterModule:
         return {"pdnode_plan": pdnode_plan, "pdnode_layout_view": pdnode_layout_view,
                 "pdnode_exec_line": pdnode_exec_line, "pdnode_role_value_problem": pdnode_role_value_problem,
                 "pdnode_key_file_problem": pdnode_key_file_problem,
+                "pdnode_layout_record_path": pdnode_layout_record_path,
                 "pdnode_role_value_problems": pdnode_role_value_problems}

@@ -137,14 +137,16 @@ options:
         a unit found there that O(files) no longer lists is removed.
       - Engine units systemd still runs (C(engine_pattern), not in C(keep)) whose files are
         gone are named in RV(orphans) too, for the caller to stop.
-      - Added to O(disable) and O(remove).
+      - Added to O(disable) and O(remove). C(deferred) names the units a layout change stops
+        in its order (RV(restart)'s C(steps)), so they are not in RV(orphans)'s C(stop).
     type: dict
   restart:
     description:
       - The restart rule, the C(restart) of pdnode.core.plan.roles.pd_services. C(engines) in start
         order, C(prefills), C(bound) (decodes bound to the node's one prefill) and C(router)
-        (the router runs here). RV(restart) answers it, with O(release_changed) and
-        O(router_venv_changed).
+        (the router runs here), and C(change), this host's steps of a layout change in their
+        order (C(kind) start, stop or restart, C(id)). RV(restart) answers it, with
+        O(release_changed) and O(router_venv_changed).
     type: dict
   release_changed:
     description: A new release is installed (the sglang role says so), so every engine restarts.
@@ -216,8 +218,9 @@ orphans:
 restart:
   description:
     - With O(restart), what to restart, in order. C(engines), each to drain and restart in turn
-      (a decode bound to a restarting prefill restarts with it); C(router), whether the router
-      restarts; C(record), every service that restarts, to O(record) afterwards.
+      (a decode bound to a restarting prefill restarts with it); C(steps), the same in the
+      layout change's order with its stops (C(kind) stop or restart, C(id)); C(router), whether
+      the router restarts; C(record), every service that restarts, to O(record) afterwards.
   type: dict
   returned: always
 """
@@ -242,7 +245,7 @@ TMP_RE = re.compile(r"^\.pdnode-[A-Za-z0-9_]{8}\.tmp$")
 # them with this mode and owners), as _write_records makes them.
 RECORD_MODE = 0o600
 SECRET_DIFF = "(secret: content not shown)\n"  # noqa: S105 - a placeholder, not a password
-NO_RESTART = {"engines": [], "router": False, "record": []}
+NO_RESTART = {"engines": [], "steps": [], "router": False, "record": []}
 
 
 def _current(path):
@@ -425,15 +428,17 @@ def orphans(rule, planned_paths, unit_files, loaded):
     keep = set(rule["keep"])
     found = sorted(name for name in unit_files if own.fullmatch(name))
     units = [name for name in found if name not in keep]
+    # Units a layout change stops in its order (the restart rule's change) stop there, not here.
+    deferred = set(rule.get("deferred") or [])
     running = [name for name, active in loaded.items()
-               if active == "active" and engine.fullmatch(name) and name not in keep]
+               if active == "active" and engine.fullmatch(name) and name not in keep and name not in deferred]
     unit_dir, prefix = rule["unit_dir"], rule["prefix"] + "-"
     remove = [os.path.join(unit_dir, name) for name in units]
     for kind, base in (("json", rule["config_dir"]), ("env", rule["config_dir"]), ("sha256", rule["applied_dir"])):
         remove += [os.path.join(base, f"{_orphan_id(name, prefix)}.{kind}") for name in units]
     dropins = [os.path.join(unit_dir, name + ".d", "10-coupling.conf") for name in found]
     remove += [path for path in dropins if path not in planned_paths and os.path.lexists(path)]
-    stop = list(dict.fromkeys(units + running))
+    stop = [name for name in dict.fromkeys(units + running) if name not in deferred]
     return {"units": units, "running": running, "stop": stop, "any": bool(stop)}, remove
 
 
@@ -452,7 +457,18 @@ def restart_plan(rule, stale, release_changed=False, router_venv_changed=False):
     router = bool(rule["router"]) and (router_venv_changed or "router" in stale)
     drained = [e for e in engines if not (with_prefill and e in rule["bound"])]
     record = list(dict.fromkeys(engines + (list(rule["bound"]) if with_prefill else []) + (["router"] if router else [])))
-    return {"engines": drained, "router": router, "record": record}
+    # In the layout change's order (pdnode.core.change.layout_change, this host's steps): its
+    # stops, and its starts and restarts of the instances that restart; then the others.
+    steps, done = [], set()
+    for step in rule.get("change") or []:
+        if step["kind"] == "stop":
+            steps.append({"kind": "stop", "id": step["id"]})
+        elif step["id"] in drained and step["id"] not in done:
+            steps.append({"kind": "restart", "id": step["id"]})
+            done.add(step["id"])
+    steps += [{"kind": "restart", "id": e} for e in drained if e not in done]
+    return {"engines": [s["id"] for s in steps if s["kind"] == "restart"], "steps": steps, "router": router,
+            "record": record}
 
 
 def _validate(module, staged, unit_dir):
@@ -522,12 +538,17 @@ def main():
                 "own_pattern": {"type": "str", "required": True},
                 "engine_pattern": {"type": "str", "required": True},
                 "keep": {"type": "list", "elements": "str", "required": True},
+                "deferred": {"type": "list", "elements": "str", "default": []},
             }},
             "restart": {"type": "dict", "options": {
                 "engines": {"type": "list", "elements": "str", "required": True},
                 "prefills": {"type": "list", "elements": "str", "required": True},
                 "bound": {"type": "list", "elements": "str", "required": True},
                 "router": {"type": "bool", "required": True},
+                "change": {"type": "list", "elements": "dict", "default": [], "options": {
+                    "kind": {"type": "str", "required": True, "choices": ["start", "stop", "restart"]},
+                    "id": {"type": "str", "required": True},
+                }},
             }},
             "release_changed": {"type": "bool", "default": False},
             "router_venv_changed": {"type": "bool", "default": False},

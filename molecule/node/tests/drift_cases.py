@@ -25,9 +25,11 @@ def expected_restores(plan: dict, entry: dict) -> set[str]:
     """What a re-run must restore of ENTRY, from its kind (written here, not read from the
     plan's `restores`, so that a path dropped from a kind's cases fails instead of shrinking
     the matrix): every aspect, but a directory has no content, the admin key's content is
-    made on the host, and the install root is not removed (that is a reinstall)."""
+    made on the host, the layout record's content is what the next plan reads (a changed
+    one is refused, not written over), and the install root is not removed (that is a
+    reinstall)."""
     aspects = set(ASPECTS)
-    if entry["kind"] == "directory" or entry["path"] == plan["install"]["admin_key_path"]:
+    if entry["kind"] in ("directory", "state") or entry["path"] == plan["install"]["admin_key_path"]:
         aspects.discard("content")
     if entry["path"] == plan["install"]["root"]:
         aspects.discard("presence")

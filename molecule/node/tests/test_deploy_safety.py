@@ -45,7 +45,8 @@ KILL_BEFORE = [
     "pdnode.sglang_pd.pd_services : Make the router's admin key on the host when it has none, or give it its mode "
     "and owners",
     "pdnode.sglang_pd.pd_services : Apply unit changes before starting",
-    "handler: pdnode.sglang_pd.pd_services : Restart the changed engines, one at a time",
+    "handler: pdnode.sglang_pd.pd_services : Stop the replaced engines and restart the changed ones, one at a time, "
+    "in the change's order",
     "handler: pdnode.sglang_pd.pd_services : Restart router",
     "handler: pdnode.sglang_pd.pd_services : Record what the restarted services run",
 ]

@@ -27,15 +27,17 @@ IN_PROCESS = {"set_fact", "assert", "debug", "fail", "meta", "include_tasks", "i
 # API key, one host): on the host, and on the controller (delegate_to: localhost).
 # Each role reads the host in one node_state call and converges only what differs (issue 20,
 # section 5): preflight's probe, the firewall's, sglang's and pd_services' reads, the services'
-# files, monitoring's read and the verification: 7.
-HOST_CALLS_BUDGET = 7
+# files, monitoring's read and the verification: 7; and the plan's read of the layout the
+# node runs (its record, issue 45): 8.
+HOST_CALLS_BUDGET = 8
 CONTROLLER_CALLS_BUDGET = 0
 # Tasks of a no-change site.yml, skipped ones included: each costs a worker process of its
 # own even when it only says "skipping". Tasks that act only on a difference are grouped in
 # files included only then (pd_services: account.yml, ports.yml, running.yml, orphans.yml),
 # so a no-change run skips each group as one task. The model role (issue 44) costs a node
-# without a model source two: its argument check and its one skipped include.
-TASKS_BUDGET = 61
+# without a model source two: its argument check and its one skipped include. The plan's read
+# of the node's record of its layout (issue 45) one.
+TASKS_BUDGET = 62
 
 
 def _short(action: str) -> str:

@@ -309,7 +309,7 @@ OPTIONAL_HELP = {
                 ".cache/runbooks/<host>/",
     "model": "pin the inventory's hf:// model to a commit (.model.lock.json beside it) and cache its config files "
              "for `pdnode check`",
-    "diff": "a layout change as steps: what starts, restarts and stops, in which order, how many of each role "
+    "diff": "a change as steps: what starts, restarts and stops, in which order, how many of each role "
             "serve after each step (exit 1: a role reaches 0)",
 }
 

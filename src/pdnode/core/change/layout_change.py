@@ -162,10 +162,11 @@ def cost(counts: dict[str, int], a: Action, roles: Iterable[str]) -> int:
 
 
 def _ready(a: Action, done: frozenset[int], acts: Sequence[Action]) -> bool:
-    """A start waits until every stop freeing one of its GPUs is done."""
+    """A start waits until every stop freeing one of its GPUs is done, and the stop of the
+    running instance of its name (one unit: it stops there before it starts here)."""
     if a.kind != "start":
         return True
-    return all(i in done for i, b in enumerate(acts) if b.kind == "stop" and b.frees & a.needs)
+    return all(i in done for i, b in enumerate(acts) if b.kind == "stop" and (b.frees & a.needs or b.old == a.new))
 
 
 def _preference(a: Action) -> tuple[int, str]:

@@ -115,6 +115,10 @@ FIELDS: tuple[Field, ...] = (
        "smg (the maintained successor of sglang-router; x86_64 only) | sglang-router (0.3.2, the last of its line; "
        "also on aarch64); docs/smg.md"),
     _F("pdnode_router_extra_args", "dict", {}, "more arguments of the router package (underscored names, types and choices of its parser; no secrets)"),
+    _F("pdnode_allow_unavailable", "bool", False, "let a deploy run a change that leaves prefill or decode with no "
+       "instance serving for a step, when no order of the change avoids it (refused otherwise, before anything "
+       "stops; `pdnode diff` shows the steps and the expected window: docs/decisions.md, \"A layout change, in "
+       "order\")"),
     _F("pdnode_allow_exposing_args", "str_list", [], "engine and router arguments that open a door (a listener beyond "
        "loopback, no API key check, data or weights over the network; docs/security.md lists them) allowed anyway, "
        "each with a warning, e.g. [otlp_traces_endpoint]; `mesh_*` allows smg's mesh arguments"),

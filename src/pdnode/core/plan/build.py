@@ -25,7 +25,8 @@ from ..rules import instances as inst_rules
 from ..inventory.fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED, RETIRED_ROLE_VARIABLES, THRESHOLD_KEYS
 from ..rules.instances import Instance
 from ...node.router_launch import router_argv
-from ..rules.ports import allocate
+from ..rules.ports import BASES, allocate, reserved_ports
+from ..change import identity, window
 from .schema import SCHEMA_ID
 from .roles.views import views
 
@@ -95,6 +96,8 @@ class Plan:
     # Where the model comes from and what its files state (pdnode.core.plan.model); {}
     # when the inventory names no pdnode_model_source.
     model: dict[str, Any] = field(default_factory=dict)
+    # The change from what the node runs (its record) to this layout (_change).
+    change: dict[str, Any] = field(default_factory=dict)
 
     def engines(self, role: str | None = None) -> list[dict[str, Any]]:
         return [s for s in self.services.values()
@@ -108,6 +111,7 @@ class Plan:
             "schema": SCHEMA_ID, "host": self.host, "install": self.install, "services": self.services,
             "router_argv": self.router_argv() if "router" in self.services else [], "ports": self.ports,
             "settings": self.settings, "cluster": self.cluster, "firewall": self.firewall, "model": self.model,
+            "change": self.change,
             "warnings": [str(w) for w in self.warnings],
             # every path the deploy's roles write, its mode and owner, what a re-run restores
             "managed": managed.paths(self.install, self.services, bool(self.settings.get("pdnode_api_key_file"))),
@@ -300,12 +304,14 @@ def _check_thresholds(c: _Checker, thresholds: Any) -> None:
 
 def build_plan(variables: dict[str, Any], host: str = "node",
                inventory: Mapping[str, Mapping[str, Any]] | None = None, inventory_dir: str | None = None,
-               model_lock: dict[str, Any] | None = None) -> Plan:
+               model_lock: dict[str, Any] | None = None, running: Mapping[str, str | None] | None = None) -> Plan:
     """Validate a node description and derive the plan of ``host``; raise PlanError with
     all problems. ``inventory`` maps every inventory host to its variables (only the
     hosts a multi-host layout names are read: their address and layout description);
     ``inventory_dir`` (Ansible's inventory_dir) holds the model's lock file; ``model_lock``
-    (an upgrade's way back: the lock the serving commit was verified against) replaces it."""
+    (an upgrade's way back: the lock the serving commit was verified against) replaces it.
+    ``running``: each host's record of the layout it runs (pdnode.core.change.identity;
+    None or all None: none, instances are named by their index)."""
     c = _Checker(variables)
     _deferred(c)
     if c.problems:  # what the value is, is not known: the rest would judge a template's text
@@ -408,7 +414,14 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     sharing = model_plan.shares(model, layout)
     if sharing:  # one download per layout: the first engine host serves the others
         fixed["model.share_port"] = ("pdnode_model_share_port", v["pdnode_model_share_port"])
-    ports = allocate(c, engines, fixed)
+    # What the node runs names the instances that stay (issue 45), before ports are given.
+    try:
+        now_running = identity.read(running or {})
+    except identity.RecordError as exc:
+        c.error("layout-record-readable", exc.where, None, exc.problem, exc.fix)
+        now_running = None
+    notes = identity.adopt(engines, now_running) if not c.problems else []
+    ports = allocate(c, engines, fixed, identity.avoid_ports(now_running, engines))
     for name in ("pdnode_router_port", "pdnode_router_metrics_port") + (("pdnode_model_share_port",) if sharing else ()):
         _check_port(c, name, v[name])
     if v["pdnode_router_port"] == 30000:
@@ -419,6 +432,9 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     if c.problems or layout is None:
         raise PlanError(c.problems)
     plan = _derive(v, engines, ib_map, ports, c.warnings, layout, kv)
+    plan.change = _change(c, v, engines, now_running, notes, plan, model or {})
+    if c.problems:
+        raise PlanError(c.problems)
     plan.model = model_plan.with_share(model or {}, plan.cluster, host, ports.get("model.share_port"))
     if plan.model.get("share", {}).get("seed") == host:  # the peers fetch from this host
         plan.firewall["tcp_ports"] = sorted({*plan.firewall["tcp_ports"], plan.model["share"]["port"]})
@@ -613,6 +629,12 @@ def _kv_path(c: _Checker, v: dict[str, Any], multi_host: bool, ib_map: dict[int,
     return kv
 
 
+def applied_dir(prefix: str) -> str:
+    """The root-only records of a prefix's services: the digests each was last (re)started
+    with, and the layout the node runs (pdnode.core.change.identity)."""
+    return f"/var/lib/pdnode/applied/{prefix}"
+
+
 def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], ports: dict[str, int],
             warnings: list[Problem], layout: cluster.Layout, kv: dict[str, Any]) -> Plan:
     host = layout.host
@@ -634,7 +656,7 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         "state_directory": prefix,
         "home": f"/var/lib/{prefix}",
         # root-only records of the digests each service was last (re)started with
-        "applied_dir": f"/var/lib/pdnode/applied/{prefix}",
+        "applied_dir": applied_dir(prefix),
         # the CUDA major of the pinned driver branch (DCGM's package flavor)
         "cuda_major": mooncake_select.branch_cuda_major(v["pdnode_driver_branch"]),
         # what the sglang role pip-installs for the router (sglang_router_requirement)
@@ -664,13 +686,14 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
             "PDNODE_SIM_KV_GB_S": str(kv["gb_s"]),
         })
     key = ["--api-key-file", install["api_key_path"]] if v["pdnode_api_key_file"] else []
-    prefills = [i for i in engines if i.role == "prefill"]
-    first_bootstrap = prefills[0].bootstrap_port if prefills else 8998
+    # A decode's own bootstrap port is SGLang's fallback only (the router names each request's
+    # prefill): a constant, so that which prefill comes first never restarts the decodes.
+    decode_bootstrap = BASES[("prefill", "bootstrap_port")][0]
     services: dict[str, dict[str, Any]] = {}
     for inst in engines:
         if host not in inst.hosts:
             continue
-        args = _server_args(v, inst, inst.bootstrap_port if inst.role == "prefill" else first_bootstrap, ib_map,
+        args = _server_args(v, inst, inst.bootstrap_port if inst.role == "prefill" else decode_bootstrap, ib_map,
                             layout)
         args["disaggregation_transfer_backend"] = kv["backend"]  # mooncake under NVLink (pdnode.core.plan.kv_path)
         base = f"http://{_url_host(args['host'])}"
@@ -711,6 +734,47 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
         services["router"] = _router_service(v, everywhere, install, key, layout)
     return Plan(host=host, install=install, services=services, ports=ports, settings=_settings(v, engines, layout.multi_host, kv),
                 cluster=everywhere, firewall=cluster.firewall(layout, services, ports, env_common), warnings=warnings)
+
+
+def _change(c: _Checker, v: dict[str, Any], engines: list[Instance], running: Mapping[str, identity.Running] | None,
+            notes: list[str], plan: Plan, model: dict[str, Any]) -> dict[str, Any]:
+    """The change from what the node runs to this layout (pdnode.core.change.identity and
+    layout_change): its steps in order, the roles a step leaves at zero and for how long,
+    the running instances it stops (for the deploy), and the record the deploy writes. A
+    step that leaves a role at zero is refused unless pdnode_allow_unavailable."""
+    record = identity.record(engines, plan.cluster["engines"], {e.id: reserved_ports(e) for e in engines})
+    doc: dict[str, Any] = {"by": "index" if running is None else "record", "notes": notes, "record": record,
+                           "record_file": f"{plan.install['applied_dir']}/{identity.RECORD_FILE}",
+                           "steps": [], "windows": [], "stops": {}}
+    found = identity.change(running, engines)
+    if found is None:
+        return doc
+    _, steps = found
+    by_id = {e.id: e for e in engines}
+
+    def estimate(iid: str) -> tuple[float | None, str]:
+        e = by_id[iid]
+        return window.start_estimate(v, model, len(e.gpus) * e.nnodes)
+
+    doc["steps"] = [{"kind": s.action.kind, "role": s.action.role, "id": s.action.new or s.action.old,
+                     "was": s.action.old, "label": s.action.label, "serving": s.serving, "at_zero": list(s.at_zero)}
+                    for s in steps.steps]
+    doc["windows"] = window.windows(steps, estimate)
+    doc["stops"] = {s.action.old: {"unit": running[s.action.old].unit,
+                                   "hosts": sorted({h for h, _ in running[s.action.old].gpus}),
+                                   "worker": running[s.action.old].worker}
+                    for s in steps.steps if s.action.kind == "stop"}
+    if doc["windows"] and not v["pdnode_allow_unavailable"]:
+        w = min(doc["windows"], key=lambda w: w["steps"][0])  # the first step that leaves a role at zero
+        first = doc["steps"][w["steps"][0] - 1]
+        secs = f"about {w['expected_s']:.0f} s" if w["expected_s"] is not None else "a window of unknown length"
+        c.error("layout-change-keeps-serving", f"pdnode_{w['role']}_instances", first["id"],
+                f"no order of this change keeps a {w['role']} serving: step {w['steps'][0]} ({first['label']}) "
+                f"leaves none for {secs} ({w['source']}); nothing was stopped",
+                f"keep one {w['role']} on the GPUs and keys it runs with (or name it), add one the running ones "
+                "leave room for, or accept the window with -e pdnode_allow_unavailable=true (`pdnode diff` shows "
+                "the steps)")
+    return doc
 
 
 def _cluster(v: dict[str, Any], engines: list[Instance], layout: cluster.Layout) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..change.identity import RECORD_FILE
+
 ASPECTS = ("content", "mode", "owner", "group", "presence")
 # What a re-run cannot restore, per kind of path, and why:
 # - a directory has no content;
@@ -74,6 +76,11 @@ def paths(install: dict[str, Any], services: dict[str, dict[str, Any]], api_key:
         # from its files restarts the service, which records them again
         out.append(_entry(f"{install['applied_dir']}/{svc['id']}.sha256", "record", "0600", "root", "root",
                           "pd_services"))
+    # the layout the node runs, for the next plan (pdnode.core.change.identity); its content
+    # is what the plan reads before anything is written: a hand-changed one is refused in
+    # one line (remove it), not silently written over
+    out.append(_entry(f"{install['applied_dir']}/{RECORD_FILE}", "state", "0600", "root", "root", "pd_services",
+                      _NO_CONTENT))
     out.append(_entry(f"{UNITS_DIR}/{install['target']}", "unit", "0644", "root", "root", "pd_services"))
     if api_key:
         out.append(_entry(install["api_key_path"], "secret", "0400", user, user, "pd_services"))

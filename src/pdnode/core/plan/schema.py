@@ -158,7 +158,7 @@ class Firewall(TypedDict):
 class ManagedPath(TypedDict):
     """A path the deploy's roles write (pdnode.core.plan.managed), as they write it."""
     path: str
-    kind: Literal["directory", "config", "env", "unit", "drop-in", "record", "secret", "marker"]
+    kind: Literal["directory", "config", "env", "unit", "drop-in", "record", "state", "secret", "marker"]
     mode: str  # octal, as the roles give it
     owner: str
     group: str
@@ -192,7 +192,7 @@ class RoleFile(TypedDict):
     mode: str
     owner: str
     group: str
-    kind: Literal["config", "env", "unit", "drop-in"]
+    kind: Literal["config", "env", "unit", "drop-in", "state"]
     roles: list[str] | None  # the services that read it (a change restarts them); None: systemd does
     unit: bool
     validate: list[str] | None  # argv run on the candidate ("%s"), no shell
@@ -296,6 +296,7 @@ class OrphanRule(TypedDict):
     own_pattern: str  # every unit file the role may have written (a regular expression)
     engine_pattern: str  # its engine units
     keep: list[str]  # the plan's units
+    deferred: list[str]  # units a layout change stops at its step, not with the orphans
 
 
 class RestartRule(TypedDict):
@@ -304,6 +305,18 @@ class RestartRule(TypedDict):
     prefills: list[str]
     bound: list[str]  # decodes bound to the node's one prefill
     router: bool
+    change: list[ChangeRef]  # this host's steps of a layout change, in order
+
+
+class ChangeRef(TypedDict):
+    kind: Literal["start", "stop", "restart"]
+    id: str
+
+
+class StopView(TypedDict):
+    """A running instance a layout change stops on this host: its unit and its drain."""
+    unit: str
+    drain: DrainSpec
 
 
 class PdServicesView(TypedDict):
@@ -336,6 +349,8 @@ class PdServicesView(TypedDict):
     router_host: str
     drain: dict[str, DrainSpec]  # per engine id: it, and the decodes bound to it
     drain_unplanned: DrainSpec
+    change_lines: list[str]  # the layout change as the deploy prints it
+    stops: dict[str, StopView]
     orphans: OrphanRule
     restart: RestartRule
 
@@ -436,6 +451,42 @@ class NoModel(TypedDict):
     """The plan's ``model`` of an inventory without a pdnode_model_source: {}."""
 
 
+class ChangeStep(TypedDict):
+    """One step of a layout change (pdnode.core.change.layout_change)."""
+    kind: Literal["start", "stop", "restart"]
+    role: Literal["prefill", "decode"]
+    id: str  # the instance it starts or restarts, or the running one it stops
+    was: str | None  # the running instance (stop, restart)
+    label: str
+    serving: dict[str, int]  # role -> instances serving after the step
+    at_zero: list[str]  # roles no instance serves during the step
+
+
+class ChangeWindow(TypedDict):
+    """Steps in a row that leave a role at zero, and how long (pdnode.core.change.window)."""
+    role: str
+    steps: list[int]  # 1-based
+    expected_s: float | None
+    source: str
+
+
+class ChangeStop(TypedDict):
+    unit: str
+    hosts: list[str]
+    worker: dict[str, Any]  # its entry in the router's worker list, as it was recorded
+
+
+class Change(TypedDict):
+    """The change from what the node runs (its record) to this layout (pdnode.core.change.identity)."""
+    by: Literal["record", "index"]  # instances named after the node's record, or by their index (no record)
+    notes: list[str]  # instances the record named otherwise than their index
+    record: dict[str, Any]  # what the deploy records (pdnode.layout/1)
+    record_file: str
+    steps: list[ChangeStep]
+    windows: list[ChangeWindow]
+    stops: dict[str, ChangeStop]  # the running instances it stops
+
+
 class PlanDoc(TypedDict):
     """One host's plan, as every consumer reads it."""
     schema: Literal["pdnode.plan/1"]
@@ -448,6 +499,7 @@ class PlanDoc(TypedDict):
     cluster: Cluster
     firewall: Firewall
     model: Model | NoModel
+    change: Change
     warnings: list[str]
     managed: list[ManagedPath]  # every path the deploy's roles write (pdnode.core.plan.managed)
     roles: RoleViews  # what each role reads (pdnode.core.plan.roles)

@@ -81,6 +81,10 @@ RULES: tuple[Rule, ...] = (
     Rule("gpu-count-positive", "error", "`pdnode_gpu_count` is at least 1"),
     Rule("pair-probe-interval-range", "error", "`pdnode_pair_probe_interval_s` is 0 (no probe) or 30-3600 "
          "seconds"),
+    Rule("layout-record-readable", "error", "each host's record of the layout it runs is readable, and the hosts' "
+         "records agree"),
+    Rule("layout-change-keeps-serving", "error", "a change from the running layout leaves no role without an "
+         "instance serving, or `pdnode_allow_unavailable` accepts the window"),
     Rule("drain-timeout-positive", "error", "`pdnode_drain_timeout_s` is at least 1"),
     Rule("sim-value-range", "error", "a stand-in knob (`pdnode_sim_*`) is a time of 0 or more, or a count of 1 "
          "or more"),

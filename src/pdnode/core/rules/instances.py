@@ -99,6 +99,9 @@ class Instance:
     hosts: list[str] = field(default_factory=list)
     dist_init_port: int | None = None
     reported: set[str] = field(default_factory=set)  # keys already reported as missing or mistyped
+    named: bool = False  # the inventory gave its name (else its index names it)
+    # named after the running instance it is (pdnode.core.change.identity.adopt)
+    adopted: bool = False
 
     @property
     def id(self) -> str:
@@ -210,7 +213,7 @@ def read(c: Any, role: str, entries: Any) -> list[Instance]:
             enable_dp_lm_head=got["enable_dp_lm_head"], port=got["port"], bootstrap_port=got.get("bootstrap_port"),
             nccl_port=got["nccl_port"], mem_fraction_static=got["mem_fraction_static"],
             extra_args=got["extra_args"] if isinstance(got["extra_args"], dict) else {}, reported=reported,
-            hosts=list(got["hosts"] or []), dist_init_port=got["dist_init_port"],
+            hosts=list(got["hosts"] or []), dist_init_port=got["dist_init_port"], named=got["name"] is not None,
         ))
     names = [i.name for i in out]
     for inst in out:

@@ -53,6 +53,12 @@ def _reserved(inst: Instance, key: str, port: int) -> dict[str, int]:
     return out
 
 
+def reserved_ports(inst: Instance) -> list[int]:
+    """Every port INST binds (its settings' and their derived ranges), once allocated."""
+    return sorted(p for key in _keys(inst) if isinstance(getattr(inst, key), int)
+                  for p in _reserved(inst, key, getattr(inst, key)).values())
+
+
 def _top(inst: Instance, key: str) -> int:
     """The highest port a setting may take (its derived range must fit below 65536)."""
     if key == "port" and _dp_attention(inst):
@@ -91,11 +97,13 @@ def _label(name: str, ports: dict[str, int], whose: bool = True) -> str:
     return f"the router's {key}" if owner == "router" else f"{owner}'s {key}"
 
 
-def allocate(c: Any, instances: list[Instance], router: dict[str, Any]) -> dict[str, int]:
+def allocate(c: Any, instances: list[Instance], router: dict[str, Any],
+             avoid: frozenset[int] | set[int] = frozenset()) -> dict[str, int]:
     """name -> port for every listener; fills the instances' missing ports in place.
 
     ``router`` maps the router's port names ("router.port", "router.metrics_port") to
-    (inventory variable, port)."""
+    (inventory variable, port). ``avoid``: ports an allocated one must not take (those of
+    running instances that stop only once the new ones started: pdnode.core.change.identity)."""
     taken: dict[int, str] = {}
     ports: dict[str, int] = {}
     fields: dict[str, str] = {}  # reserved name -> the inventory field that sets it
@@ -141,7 +149,7 @@ def allocate(c: Any, instances: list[Instance], router: dict[str, Any]) -> dict[
                 continue
             first, stride = BASES[(inst.role, key)]
             port = first
-            while any(p in taken for p in _reserved(inst, key, port).values()):
+            while any(p in taken or p in avoid for p in _reserved(inst, key, port).values()):
                 port += stride
             setattr(inst, key, port)
             take(_reserved(inst, key, port), f"{inst.field}.{key}", (f"{inst.id}.{key}", inst))

@@ -164,11 +164,31 @@ def files(plan: dict[str, Any], managed: dict[str, dict[str, Any]]) -> list[dict
                           service="router", header=True, unit=True, validate=_unit_check(python, probe["service"])),
                     _file(managed, _unit_path(probe["timer"]), "unit", content=timer_text(probe, install["target"]),
                           header=True, unit=True, validate=_unit_check(python, probe["timer"]))]
+    change = plan.get("change")
+    if change:
+        # What the node runs, for the next plan (pdnode.core.change.identity): read by no service.
+        out.append(_file(managed, change["record_file"], "state", readers=[],
+                         content=nice_json(change["record"]) + "\n"))
     served = plan["settings"]["pdnode_model_served_name"]
     out.append(_file(managed, _unit_path(install["target"]), "unit", header=True, unit=True,
                      content=target_text([svc["unit"] for svc in services.values()], served),
                      validate=_unit_check(python, install["target"])))
     return out
+
+
+def change_lines(change: dict[str, Any]) -> list[str]:
+    """The layout change as the deploy prints it: the names the node's record gave, each
+    step with the instances serving after it, each window (pdnode.core.change.identity)."""
+    lines = [f"named by what the node runs: {note}" for note in change.get("notes", [])]
+    for i, step in enumerate(change.get("steps", []), 1):
+        zero = f" (no {' and no '.join(step['at_zero'])} serving during it)" if step["at_zero"] else ""
+        lines.append(f"layout change step {i}: {step['label']}; serving after it: prefill "
+                     f"{step['serving']['prefill']}, decode {step['serving']['decode']}{zero}")
+    for w in change.get("windows", []):
+        secs = f"~{w['expected_s']:.0f} s" if w["expected_s"] is not None else "unknown"
+        lines.append(f"expected window without a {w['role']}: {secs} ({w['source']}; accepted with "
+                     "pdnode_allow_unavailable)")
+    return lines
 
 
 def _drain_spec(plan: dict[str, Any], api_key: bool, workers: list[str] | None) -> dict[str, Any]:
@@ -192,6 +212,9 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
     units = [svc["unit"] for svc in services.values()]
     timers = [probe["timer"]] if probe else []
     bound = [sid for sid in engine_ids if services[sid]["bound_to"]]
+    # A layout change's stops of instances on this host (pdnode.core.change.identity)
+    change = plan.get("change") or {"steps": [], "stops": {}}
+    stops = {sid: stop for sid, stop in change["stops"].items() if plan["host"] in stop["hosts"]}
     prefix = install["prefix"]
     admin_key = _owned(managed[install["admin_key_path"]]) if router else None
     # What the services read that other tasks install: the keys, and the markers of the venv
@@ -209,8 +232,9 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
     # key restarts them all. Its content stays a lookup of the role (a no_log option).
     secret_files = [{**_owned(managed[install["api_key_path"]]), "roles": ids,
                      "validate": [install["python"], "-m", "pdnode.node.secrets", "%s"]}] if api_key else []
+    # The running instances a layout change stops at its step are ours until then.
     ports_argv = [install["python"], "-m", "pdnode.node.preflight", "ports",
-                  *(f"--own-unit={unit}" for unit in own_units(plan)),
+                  *(f"--own-unit={unit}" for unit in own_units(plan) + [stop["unit"] for stop in stops.values()]),
                   *(f"{name}={port}" for name, port in plan["ports"].items())]
     return {
         "user": install["user"], "home": install["home"], "applied_dir": install["applied_dir"],
@@ -254,15 +278,28 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
         "router_host": plan["cluster"]["router"]["host"] if plan["cluster"]["multi_host"] else plan["host"],
         "drain": {sid: _drain_spec(plan, api_key, [sid] + (bound if services[sid]["upholds"] else []))
                   for sid in engine_ids},
-        "drain_unplanned": _drain_spec(plan, api_key, None),
+        # The running instances a layout change stops count as planned until their step
+        # (pdnode.core.change.identity): the drain of other units the plan lacks keeps them in.
+        "drain_unplanned": {**_drain_spec(plan, api_key, None),
+                            "workers": _drain_spec(plan, api_key, None)["workers"]
+                            + [stop["worker"] for stop in stops.values()]},
+        # What the deploy says of the layout change before it runs it.
+        "change_lines": change_lines(change),
+        # Each running instance this host's steps stop: its unit and the drain of its worker.
+        "stops": {sid: {"unit": stop["unit"],
+                        "drain": {**_drain_spec(plan, api_key, []), "workers": [stop["worker"]]}}
+                  for sid, stop in stops.items()},
         "orphans": {"unit_dir": UNITS_DIR, "prefix": prefix, "config_dir": install["config_dir"],
                     "applied_dir": install["applied_dir"],
                     # every unit file this role may have written (engine units of any layout, the probe's)
                     "own_pattern": f"{re.escape(prefix)}-({ENGINE_UNIT}|{PROBE_UNIT})",
                     "engine_pattern": f"{re.escape(prefix)}-{ENGINE_UNIT}",
-                    "keep": units + ([probe["service"], probe["timer"]] if probe else [])},
+                    "keep": units + ([probe["service"], probe["timer"]] if probe else []),
+                    "deferred": [stop["unit"] for stop in stops.values()]},
         "restart": {"engines": engine_ids, "prefills": [sid for sid in engine_ids if services[sid]["role"] == "prefill"],
-                    "bound": bound, "router": router is not None},
+                    "bound": bound, "router": router is not None,
+                    "change": [{"kind": step["kind"], "id": step["id"]} for step in change["steps"]
+                               if (step["id"] in stops if step["kind"] == "stop" else step["id"] in services)]},
     }
 
 

@@ -1,0 +1,186 @@
+"""Layout changes in the order that keeps serving (issue 45), on the day-2 node under steady
+load from the project's load generator (host_load: every answer judged, error chunks
+counted, gap and volume bounds):
+
+- 2P2D -> 3P1D -> 2P2D with the instances named by their index, the decode moving from
+  index 1 to index 0: the decode on GPUs 6-7 is the same instance throughout (its process
+  keeps running) and no request fails;
+- 4P2D with TP1 prefills on GPUs 0, 1, 2, 3 -> 2P2D with TP2 prefills on 0-1 and 2-3: two
+  old prefills serve while the first new one starts, no request fails;
+- 1P2D -> 2P1D, where no order keeps a prefill (nor a decode) serving: refused before any
+  unit stops, in one line; with pdnode_allow_unavailable it runs, and the longest time
+  without a success is printed beside the plan's predicted window.
+
+After each deploy the router's workers are exactly the node's record's (what the next
+plan reads), healthy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import host_load
+import pytest
+from test_upgrade import ALLOW_UNAVAILABLE, PROBE_LOAD, REPO, _env, _inventory, playbook, router_workers
+
+PROBE = "/var/tmp/pdnode-layout-order-probe"
+RECORD = "/var/lib/pdnode/applied/sglang-pd/layout.json"
+PREFIX = "sglang-pd"
+DECODE_TP2 = {"tp_size": 2, "attn_dp_size": 2, "ep_size": 2, "moe_dense_tp_size": 1, "enable_dp_lm_head": True}
+
+
+def layout(prefills: list[list[int]], decodes: list[list[int]]) -> dict:
+    return {"pdnode_prefill_instances": [{"gpus": g, "tp_size": len(g)} for g in prefills],
+            "pdnode_decode_instances": [{"gpus": g, **DECODE_TP2} if len(g) == 2 else
+                                        {"gpus": g, "tp_size": len(g), "attn_dp_size": len(g), "ep_size": len(g)}
+                                        for g in decodes]}
+
+
+L2P2D = layout([[0, 1], [2, 3]], [[4, 5], [6, 7]])
+L3P1D = layout([[0, 1], [2, 3], [4, 5]], [[6, 7]])
+L4P2D = layout([[0], [1], [2], [3]], [[4, 5], [6, 7]])
+L1P2D = layout([[0, 1, 2, 3]], [[4, 5], [6, 7]])
+L2P1D = layout([[0, 1], [2, 3]], [[4, 5, 6, 7]])
+# Requests over each change under load: a change that stalls is caught by the gap bound.
+MIN_REQUESTS = 100
+
+
+def record(host) -> dict:
+    return json.loads(host.check_output(f"cat {RECORD}"))
+
+
+def wait_recorded_workers(host, deadline_s: float = 120) -> set[str]:
+    """The router lists exactly the record's workers, each healthy (the deploy's reconcile
+    already made it so; the health flags may lag a check)."""
+    want = {e["worker"]["url"] for e in record(host)["engines"].values()}
+    end = time.monotonic() + deadline_s
+    while True:
+        got = router_workers(host)
+        if set(got) == want and all(got.values()):
+            return want
+        assert time.monotonic() < end, (got, want)
+        time.sleep(1)
+
+
+def pid(host, instance: str) -> str:
+    return host.check_output(f"systemctl show -p MainPID --value {PREFIX}-{instance}.service")
+
+
+def deploy(inv, what: str, *more: str):
+    t0 = time.monotonic()
+    proc = playbook(inv, "deploy.yml", *more)
+    print(f"{what}: {time.monotonic() - t0:.1f} s")
+    return proc
+
+
+def diff(inv) -> tuple[int, dict]:
+    """`pdnode diff INVENTORY --json`: the change from what the node runs (read from it)."""
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "pdnode"), "diff", str(inv), "--json"], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def under_load(host, changes) -> dict:
+    """Run CHANGES (callables) under the load; the load's result."""
+    host_load.start(host, PROBE, *PROBE_LOAD)
+    try:
+        time.sleep(host_load.CHANGE_AFTER_S)
+        for change in changes:
+            change()
+    finally:
+        host_load.stop(host, PROBE)
+    result = host_load.result(host, PROBE)
+    print(json.dumps({k: result[k] for k in ("requests", "ok", "failed", "failures", "longest_gap_s",
+                                             "longest_request_s", "first_failures")}))
+    return result
+
+
+@pytest.fixture(scope="module")
+def inventories(inventory, tmp_path_factory):
+    out = {name: _inventory(inventory, tmp_path_factory.mktemp(name), lay)
+           for name, lay in (("2p2d", L2P2D), ("3p1d", L3P1D), ("4p2d", L4P2D), ("1p2d", L1P2D), ("2p1d", L2P1D))}
+    yield out
+    back = playbook(inventory, "deploy.yml", *ALLOW_UNAVAILABLE)  # the scenario's own layout
+    assert back.returncode == 0, back.stdout[-4000:]
+
+
+@pytest.mark.day2
+def test_2p2d_to_3p1d_and_back_keeps_the_moving_decode_and_fails_nothing(host, inventories):
+    first = deploy(inventories["2p2d"], "to 2P2D (from whatever ran)", *ALLOW_UNAVAILABLE)
+    assert first.returncode == 0, first.stdout[-4000:]
+    wait_recorded_workers(host)
+    decode = pid(host, "decode-1")
+    seen = {}
+    # the preview, read from the node: what the deploy below does, and nothing at zero
+    rc, preview = diff(inventories["3p1d"])
+    assert rc == 0 and [s["label"] for s in preview["steps"]] == ["stop decode-0", "start prefill-2"], preview
+    assert {k["instance"] for k in preview["kept"]} == {"prefill-0", "prefill-1", "decode-1"}
+
+    def to_3p1d():
+        proc = deploy(inventories["3p1d"], "2P2D -> 3P1D under load")
+        assert proc.returncode == 0, proc.stdout[-5000:]
+        # the decode on GPUs 6-7 is decode-1 still (index 0 now): its process runs on
+        assert pid(host, "decode-1") == decode
+        seen["3p1d"] = wait_recorded_workers(host)
+        assert not host.service(f"{PREFIX}-decode-0.service").is_running
+
+    def back():
+        proc = deploy(inventories["2p2d"], "3P1D -> 2P2D under load")
+        assert proc.returncode == 0, proc.stdout[-5000:]
+        assert pid(host, "decode-1") == decode
+        seen["2p2d"] = wait_recorded_workers(host)
+
+    result = under_load(host, [to_3p1d, back])
+    assert sorted(record(host)["engines"]) == ["decode-0", "decode-1", "prefill-0", "prefill-1"]
+    assert len(seen["3p1d"]) == 4 and len(seen["2p2d"]) == 4
+    assert host_load.zero_drop(result, MIN_REQUESTS) == [], result
+
+
+@pytest.mark.day2
+def test_4p_tp1_to_2p_tp2_keeps_two_old_prefills_serving_while_the_first_new_one_starts(host, inventories):
+    first = deploy(inventories["4p2d"], "to 4P2D", *ALLOW_UNAVAILABLE)
+    assert first.returncode == 0, first.stdout[-4000:]
+    wait_recorded_workers(host)
+    decodes = {d: pid(host, d) for d in ("decode-0", "decode-1")}
+
+    def to_2p2d():
+        proc = deploy(inventories["2p2d"], "4P2D -> 2P2D under load")
+        assert proc.returncode == 0, proc.stdout[-5000:]
+        steps = [line for line in proc.stdout.splitlines() if "layout change step" in line]
+        print("\n".join(steps))
+        wait_recorded_workers(host)
+
+    result = under_load(host, [to_2p2d])
+    assert {d: pid(host, d) for d in decodes} == decodes  # the decodes ran on
+    assert host_load.zero_drop(result, MIN_REQUESTS) == [], result
+
+
+@pytest.mark.day2
+def test_1p2d_to_2p1d_is_refused_before_anything_stops_and_runs_with_the_override(host, inventories):
+    first = deploy(inventories["1p2d"], "to 1P2D", *ALLOW_UNAVAILABLE)
+    assert first.returncode == 0, first.stdout[-4000:]
+    wait_recorded_workers(host)
+    before = {i: pid(host, i) for i in ("prefill-0", "decode-0", "decode-1")}
+    rc, preview = diff(inventories["2p1d"])
+    assert rc == 1 and {w["role"] for w in preview["windows"]} == {"prefill", "decode"}, preview
+    refused = deploy(inventories["2p1d"], "1P2D -> 2P1D (refused)")
+    assert refused.returncode != 0
+    out = refused.stdout + refused.stderr
+    lines = [line for line in out.splitlines() if "no order of this change keeps a" in line]
+    assert lines and "pdnode_allow_unavailable=true" in lines[0], out[-3000:]
+    assert {i: pid(host, i) for i in before} == before  # nothing stopped
+    assert "changed=0" in out.split("PLAY RECAP")[-1]
+    windows = {}
+
+    def with_override():
+        proc = deploy(inventories["2p1d"], "1P2D -> 2P1D with pdnode_allow_unavailable", *ALLOW_UNAVAILABLE)
+        assert proc.returncode == 0, proc.stdout[-5000:]
+        windows["lines"] = [line for line in proc.stdout.splitlines() if "expected window" in line]
+        wait_recorded_workers(host)
+
+    result = under_load(host, [with_override])
+    print("predicted:", windows["lines"], "measured longest gap without a success:", result["longest_gap_s"])
+    assert windows["lines"] and result["failed"] > 0  # the window the plan named was real
