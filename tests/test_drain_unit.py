@@ -614,9 +614,10 @@ def test_reconcile_puts_back_each_missing_worker_after_one_that_is_listed(monkey
 
 def test_reconcile_check_changes_nothing_and_says_what_reconcile_would_do(monkeypatch, clock, tmp_path):
     w = world(monkeypatch, clock, [P0, UNPLANNED], engines={D0["url"]: Engine()})
+    # and what the router lists, with each worker's health (pdnode status reads it)
     assert drain.run("reconcile", spec(tmp_path, [P0, D0]), check=True) == {
         "changed": False, "removed": [], "added": [], "missing": ["decode-0"], "unplanned": [UNPLANNED["url"]],
-        "needed": True}
+        "needed": True, "listed": [{"url": P0["url"], "healthy": True}, {"url": UNPLANNED["url"], "healthy": True}]}
     w.entries = [w._entry(P0), w._entry(D0)]
     assert drain.run("reconcile", spec(tmp_path, [P0, D0]), check=True)["needed"] is False
     assert w.router_calls("DELETE") == w.router_calls("POST") == []

@@ -221,8 +221,19 @@ def test_diff_names_the_window_no_order_avoids_and_exits_1(tmp_path, capsys):
     assert main(["diff", "--json", "--from", str(one_p), str(two_p)]) == 1
     doc = json.loads(capsys.readouterr().out)
     windows = {w["role"]: w for w in doc["windows"]}
-    # the stand-in's start (inventories/demo: pdnode_sim_startup_s 1.0) and its gates
-    assert windows["prefill"]["expected_s"] == 1.0 + 3.0 and "pdnode_sim_startup_s" in windows["prefill"]["source"]
+    # each window: the last instance's drop from the router (smg) and stop, then the new
+    # one's start (inventories/demo: the stand-in's pdnode_sim_startup_s 1.0 and its gate)
+    # and join; the prefill, which ran before under its name, first waits until the decodes
+    # dropped it (its restart_delay_s)
+    from pdnode.core.change import window
+    from pdnode.core.plan.build import build_plan
+    from pdnode.core.inventory.read import inventory_variables
+    peers = inventory_variables(two_p)
+    delay = build_plan(peers["pdnode-demo"], "pdnode-demo", peers).services["prefill-0"]["restart_delay_s"]
+    start = 1.0 + window.STANDIN_GATE_S + window.JOIN_S
+    assert windows["decode"]["expected_s"] == round(window.stop_seconds("smg") + start, 1)
+    assert windows["prefill"]["expected_s"] == round(window.stop_seconds("smg") + delay + start, 1)
+    assert "pdnode_sim_startup_s" in windows["prefill"]["source"]
     assert windows["prefill"]["steps"] == [4, 5] and windows["decode"]["steps"] == [2, 3]
 
 
@@ -235,7 +246,7 @@ def test_diff_of_an_unreadable_inventory_is_one_line_exit_2(tmp_path, capsys):
 
 @pytest.mark.integration
 def test_diff_of_a_node_whose_host_cannot_be_reached_is_one_line_exit_2(tmp_path, capsys):
-    """`pdnode diff INVENTORY` reads the hosts (playbooks/diff.yml): one that does not
+    """`pdnode diff INVENTORY` reads the hosts (playbooks/read.yml): one that does not
     answer is named in one line, exit 2, no traceback."""
     import json
 

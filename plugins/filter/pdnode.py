@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import re
 import sys
 from collections.abc import Mapping
@@ -50,15 +49,30 @@ class _Inventory(Mapping):
         return len(list(self._hostvars))
 
 
-def _running(variables, hostvars) -> dict:
-    """host -> the text of its record of the layout it runs (playbooks/tasks/plan.yml read
-    it into _pdnode_running: slurp's answer), for the hosts that have one."""
-    found = {}
+def _running(variables, hostvars) -> tuple[dict, dict]:
+    """(host -> the text of its record of the layout it runs, unit -> seconds its last
+    start took) from the hosts' reads (playbooks/tasks/plan.yml: _pdnode_running, the
+    layout_read module's answer), for the hosts that have a record."""
+    found, started = {}, {}
     for name, hv in ((h, hostvars[h]) for h in hostvars) if hostvars is not None else (("", variables),):
         read = hv.get("_pdnode_running") if hasattr(hv, "get") else None
         if isinstance(read, Mapping) and read.get("content"):
-            found[str(name)] = base64.b64decode(str(read["content"])).decode("utf-8", "replace")
-    return found
+            found[str(name)] = str(read["content"])
+            started.update({str(u): float(s) for u, s in (read.get("started") or {}).items()})
+    return found, started
+
+
+def pdnode_node_read(plan, read, router) -> dict:
+    """playbooks/read.yml's answer of one host (pdnode.core.change.identity.node_answer)."""
+    return identity.node_answer(plan, read if isinstance(read, Mapping) else None,
+                                router if isinstance(router, Mapping) and not router.get("skipped") else None)
+
+
+def pdnode_lone_instances(engines) -> list:
+    """The layout's engines (the plan's cluster.engines) -> the ids of those that are their
+    role's only instance: a restart of one leaves its role with none serving."""
+    roles = [e["role"] for e in engines.values()]
+    return [iid for iid, e in engines.items() if roles.count(e["role"]) == 1]
 
 
 def pdnode_layout_record_path(variables) -> str:
@@ -78,7 +92,7 @@ def pdnode_plan(variables, host: str = "node", hostvars=None, model_lock=None, i
         where = inventory_dir or (variables.get("inventory_dir") if hasattr(variables, "get") else None)
         plan = build_plan(_site_variables(variables), host, _Inventory(hostvars) if hostvars is not None else None,
                           str(where) if where else None, dict(model_lock) if model_lock else None,
-                          _running(variables, hostvars))
+                          *_running(variables, hostvars))
     except PlanError as exc:
         lines = "\n".join(f"  {p}" for p in exc.problems)
         raise AnsibleFilterError(f"the node description has {len(exc.problems)} problem(s):\n{lines}") from None
@@ -127,5 +141,6 @@ class FilterModule:
         return {"pdnode_plan": pdnode_plan, "pdnode_layout_view": pdnode_layout_view,
                 "pdnode_exec_line": pdnode_exec_line, "pdnode_role_value_problem": pdnode_role_value_problem,
                 "pdnode_key_file_problem": pdnode_key_file_problem,
-                "pdnode_layout_record_path": pdnode_layout_record_path,
+                "pdnode_layout_record_path": pdnode_layout_record_path, "pdnode_node_read": pdnode_node_read,
+                "pdnode_lone_instances": pdnode_lone_instances,
                 "pdnode_role_value_problems": pdnode_role_value_problems}

@@ -24,8 +24,10 @@ PREFIX = "sglang-pd"
 CFG = "/etc/sglang-pd"
 ROUTER = "http://127.0.0.1:8000"
 ADMIN_KEY_ON_HOST = f"{CFG}/router-admin-key"
-# The one read per role and the writer (pd_services_files keeps the digest logic).
+# The plan's read of what the node runs (its layout record and measured starts, issue 45),
+# the one read per role and the writer (pd_services_files keeps the digest logic).
 NO_CHANGE_CALLS = [
+    "Read the layout the node runs (its record) and its engines' measured starts",
     "pdnode.sglang_pd.sglang : Read what the release and the router's virtualenvs hold (one call)",
     "pdnode.sglang_pd.pd_services : Read what pd_services converges on the host (one call)",
     "pdnode.sglang_pd.pd_services : Write the ServerArgs, environment files, API key and units "
@@ -79,7 +81,7 @@ def converged(inventory):
     return inventory
 
 
-def test_a_no_change_deploy_makes_three_module_calls(converged):
+def test_a_no_change_deploy_makes_four_module_calls(converged):
     record = deploy(converged)
     calls = module_calls(record, CONTAINER)
     print(f"\nmodule calls of a no-change deploy.yml: {calls}")

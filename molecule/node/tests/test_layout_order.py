@@ -9,7 +9,8 @@ counted, gap and volume bounds):
   old prefills serve while the first new one starts, no request fails;
 - 1P2D -> 2P1D, where no order keeps a prefill (nor a decode) serving: refused before any
   unit stops, in one line; with pdnode_allow_unavailable it runs, and the longest time
-  without a success is printed beside the plan's predicted window.
+  without a success is within 30 % of the plan's longest predicted window (from the
+  node's own measured starts).
 
 After each deploy the router's workers are exactly the node's record's (what the next
 plan reads), healthy.
@@ -83,6 +84,14 @@ def diff(inv) -> tuple[int, dict]:
     return proc.returncode, json.loads(proc.stdout)
 
 
+def status(inv) -> tuple[int, list[dict]]:
+    """`pdnode status INVENTORY --json`: what the node runs, read from it."""
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "pdnode"), "status", str(inv), "--json"], cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.returncode, json.loads(proc.stdout)["instances"]
+
+
 def under_load(host, changes) -> dict:
     """Run CHANGES (callables) under the load; the load's result."""
     host_load.start(host, PROBE, *PROBE_LOAD)
@@ -135,6 +144,14 @@ def test_2p2d_to_3p1d_and_back_keeps_the_moving_decode_and_fails_nothing(host, i
 
     result = under_load(host, [to_3p1d, back])
     assert sorted(record(host)["engines"]) == ["decode-0", "decode-1", "prefill-0", "prefill-1"]
+    # what the node runs, read from it: every instance active, listed and healthy, the
+    # decode that stayed since before the changes
+    rc, rows = status(inventories["2p2d"])
+    assert rc == 0 and sorted(r["instance"] for r in rows) == sorted(record(host)["engines"]), rows
+    by_id = {r["instance"]: r for r in rows}
+    assert all(r["in_router"] and r["healthy"] and r["last_start_s"] for r in rows), rows
+    assert by_id["decode-1"]["since"] == host.check_output(
+        f"systemctl show -p ActiveEnterTimestamp --value {PREFIX}-decode-1.service")
     assert len(seen["3p1d"]) == 4 and len(seen["2p2d"]) == 4
     assert host_load.zero_drop(result, MIN_REQUESTS) == [], result
 
@@ -166,6 +183,9 @@ def test_1p2d_to_2p1d_is_refused_before_anything_stops_and_runs_with_the_overrid
     before = {i: pid(host, i) for i in ("prefill-0", "decode-0", "decode-1")}
     rc, preview = diff(inventories["2p1d"])
     assert rc == 1 and {w["role"] for w in preview["windows"]} == {"prefill", "decode"}, preview
+    # the windows from the node's own measured starts (systemd's record), read with the record
+    assert all(w["source"].startswith("measured on the node") for w in preview["windows"]), preview
+    predicted = max(w["expected_s"] for w in preview["windows"])
     refused = deploy(inventories["2p1d"], "1P2D -> 2P1D (refused)")
     assert refused.returncode != 0
     out = refused.stdout + refused.stderr
@@ -182,5 +202,8 @@ def test_1p2d_to_2p1d_is_refused_before_anything_stops_and_runs_with_the_overrid
         wait_recorded_workers(host)
 
     result = under_load(host, [with_override])
-    print("predicted:", windows["lines"], "measured longest gap without a success:", result["longest_gap_s"])
+    measured = result["longest_gap_s"]
+    print(f"windows predicted: {windows['lines']}; the longest, {predicted} s, against the longest time without a "
+          f"success: {measured} s ({measured / predicted:.2f}x)")
     assert windows["lines"] and result["failed"] > 0  # the window the plan named was real
+    assert abs(measured - predicted) <= 0.3 * predicted, (measured, predicted)

@@ -296,6 +296,7 @@ OPTIONAL = {
     "runbooks": "pdnode.commands.runbooks",
     "model": "pdnode.commands.model",
     "diff": "pdnode.commands.diff",
+    "status": "pdnode.commands.status",
 }
 OPTIONAL_HELP = {
     "verify": "verify a running node (exit 0 ok, 1 a check failed, 2 could not run)",
@@ -311,6 +312,8 @@ OPTIONAL_HELP = {
              "for `pdnode check`",
     "diff": "a change as steps: what starts, restarts and stops, in which order, how many of each role "
             "serve after each step (exit 1: a role reaches 0)",
+    "status": "what the node runs, read from its hosts: each instance's unit, router membership and health, "
+              "release, model, last start (exit 1: one is not serving)",
 }
 
 

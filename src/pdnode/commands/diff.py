@@ -1,7 +1,7 @@
 """`pdnode diff INVENTORY` and `pdnode diff --from OLD NEW`: a change previewed before it
 runs (issue 45), computed as the deploy computes it (pdnode.core.change.identity).
 
-`pdnode diff INVENTORY` reads what the node runs from its hosts: playbooks/diff.yml
+`pdnode diff INVENTORY` reads what the node runs from its hosts: playbooks/read.yml
 computes each host's plan from the record the last deploy left there (read-only), as the
 deploy's plan does. `--from OLD NEW` does the same offline, for a node that runs OLD as a
 deploy from scratch would have named it. Either way: the instances that keep running
@@ -73,18 +73,18 @@ def from_inventories(old_inv: str, new_inv: str) -> dict[str, Any]:
     return next(iter(new.values())).change
 
 
-def from_node(new_inv: str) -> dict[str, Any]:
-    """The change from what the node runs (its hosts' records) to NEW_INV, through
-    playbooks/diff.yml."""
-    playbook, playbook_env = find_playbook("diff")
+def read_node(inventory_path: str, command: str) -> dict[str, dict[str, Any]]:
+    """Each host's answer (pdnode.core.change.identity.node_answer) through playbooks/read.yml,
+    read-only; Unplannable with one line when a host could not be read."""
+    playbook, playbook_env = find_playbook("read")
     ansible_playbook = Path(sys.executable).parent / "ansible-playbook"
     if not os.access(ansible_playbook, os.X_OK):
         raise Unplannable(f"ansible-playbook is not installed next to {sys.executable} (scripts/setup installs it)")
-    inventory = Path(new_inv).resolve()
+    inventory = Path(inventory_path).resolve()
     if not inventory.exists():
-        raise Unplannable(f"inventory {new_inv} not found")
-    with tempfile.TemporaryDirectory(prefix="pdnode-diff-") as tmp:
-        extra = {"pdnode_allow_unavailable": True, "diff_out_dir": tmp}
+        raise Unplannable(f"inventory {inventory_path} not found")
+    with tempfile.TemporaryDirectory(prefix=f"pdnode-{command}-") as tmp:
+        extra = {"pdnode_allow_unavailable": True, "read_out_dir": tmp}
         env = dict(os.environ, **playbook_env)
         env["PATH"] = f"{ansible_playbook.parent}{os.pathsep}{env.get('PATH', '')}"
         proc = subprocess.run([str(ansible_playbook), playbook, "-i", str(inventory), "-e", json.dumps(extra)],
@@ -92,10 +92,15 @@ def from_node(new_inv: str) -> dict[str, Any]:
         answers = {p.stem: json.loads(p.read_text()) for p in sorted(Path(tmp).glob("*.json"))}
     if proc.returncode != 0 or not answers:
         failed = [line.strip() for line in proc.stdout.splitlines() if line.lstrip().startswith(("fatal:", "failed:"))]
-        why = failed[0] if failed else f"ansible-playbook exit {proc.returncode}"
+        said = [line.strip() for line in proc.stderr.splitlines() if line.strip().startswith(("ERROR", "[ERROR]"))]
+        why = (failed or said or [f"ansible-playbook exit {proc.returncode}"])[0]
         raise Unplannable(f"could not read what the node runs: {why[:400]}")
-    first = next(iter(answers.values()))
-    return first
+    return answers
+
+
+def from_node(new_inv: str) -> dict[str, Any]:
+    """The change from what the node runs (its hosts' records) to NEW_INV."""
+    return next(iter(read_node(new_inv, "diff").values()))["change"]
 
 
 def report(change: dict[str, Any], source: str, target: str) -> tuple[dict[str, Any], bool]:

@@ -302,8 +302,9 @@ def run(command: str, spec: dict[str, Any], check: bool = False) -> dict[str, An
     if listed is None:
         log(f"the router at {router.url} does not answer: no worker to {'take out' if command == 'out' else 'add'}")
         return result
-    if check:
-        return {**result, **differences(listed, workers)}
+    if check:  # and what the router lists, each worker's URL and health (pdnode status)
+        return {**result, **differences(listed, workers),
+                "listed": [{"url": w.get("url"), "healthy": bool(w.get("is_healthy", True))} for w in listed]}
     if command == "out":
         result["removed"] = take_out(router, workers, deadline)
         for w in workers:

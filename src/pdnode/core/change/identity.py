@@ -183,3 +183,22 @@ def change(running: Mapping[str, Running] | None, engines: Iterable[Entry]) -> t
     old = [lc.Instance(r.id, r.role, r.gpus, r.shape, named=True) for r in running.values()]
     new = [lc.Instance(e.id, e.role, where(e), shape(e), named=True) for e in engines]
     return lc.plan_change(old, new)
+
+
+def node_answer(plan: Mapping[str, Any], read: Mapping[str, Any] | None,
+                router: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One host's answer to `pdnode diff INVENTORY` and `pdnode status INVENTORY`
+    (playbooks/read.yml): the change its plan computed from the record, its engine units'
+    states (the layout_read module's), and on the router's host the router's worker list
+    (pdnode.node.drain reconcile --check's last line; None when it did not answer)."""
+    change = plan.get("change") or {}
+    listed = None
+    lines = str((router or {}).get("stdout") or "").strip().splitlines()
+    if lines and (router or {}).get("rc") == 0:
+        try:
+            listed = json.loads(lines[-1]).get("listed")
+        except ValueError:
+            listed = None
+    return {"host": plan["host"], "change": {k: change.get(k) for k in ("by", "notes", "steps", "windows", "record")},
+            "units": dict((read or {}).get("units") or {}), "router": listed, "router_host": "router" in plan["services"],
+            "release": plan["install"]["venv"], "model_commit": (plan.get("model") or {}).get("commit")}

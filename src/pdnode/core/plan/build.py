@@ -304,14 +304,16 @@ def _check_thresholds(c: _Checker, thresholds: Any) -> None:
 
 def build_plan(variables: dict[str, Any], host: str = "node",
                inventory: Mapping[str, Mapping[str, Any]] | None = None, inventory_dir: str | None = None,
-               model_lock: dict[str, Any] | None = None, running: Mapping[str, str | None] | None = None) -> Plan:
+               model_lock: dict[str, Any] | None = None, running: Mapping[str, str | None] | None = None,
+               started: Mapping[str, float] | None = None) -> Plan:
     """Validate a node description and derive the plan of ``host``; raise PlanError with
     all problems. ``inventory`` maps every inventory host to its variables (only the
     hosts a multi-host layout names are read: their address and layout description);
     ``inventory_dir`` (Ansible's inventory_dir) holds the model's lock file; ``model_lock``
     (an upgrade's way back: the lock the serving commit was verified against) replaces it.
     ``running``: each host's record of the layout it runs (pdnode.core.change.identity;
-    None or all None: none, instances are named by their index)."""
+    None or all None: none, instances are named by their index); ``started``: unit -> seconds
+    its last start took on the node (systemd's record), for a change's windows."""
     c = _Checker(variables)
     _deferred(c)
     if c.problems:  # what the value is, is not known: the rest would judge a template's text
@@ -432,9 +434,7 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     if c.problems or layout is None:
         raise PlanError(c.problems)
     plan = _derive(v, engines, ib_map, ports, c.warnings, layout, kv)
-    plan.change = _change(c, v, engines, now_running, notes, plan, model or {})
-    if c.problems:
-        raise PlanError(c.problems)
+    plan.change = _change(v, engines, now_running, notes, plan, model or {}, started or {})
     plan.model = model_plan.with_share(model or {}, plan.cluster, host, ports.get("model.share_port"))
     if plan.model.get("share", {}).get("seed") == host:  # the peers fetch from this host
         plan.firewall["tcp_ports"] = sorted({*plan.firewall["tcp_ports"], plan.model["share"]["port"]})
@@ -736,30 +736,51 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
                 cluster=everywhere, firewall=cluster.firewall(layout, services, ports, env_common), warnings=warnings)
 
 
-def _change(c: _Checker, v: dict[str, Any], engines: list[Instance], running: Mapping[str, identity.Running] | None,
-            notes: list[str], plan: Plan, model: dict[str, Any]) -> dict[str, Any]:
+def _change(v: dict[str, Any], engines: list[Instance], running: Mapping[str, identity.Running] | None,
+            notes: list[str], plan: Plan, model: dict[str, Any], started: Mapping[str, float]) -> dict[str, Any]:
     """The change from what the node runs to this layout (pdnode.core.change.identity and
-    layout_change): its steps in order, the roles a step leaves at zero and for how long,
-    the running instances it stops (for the deploy), and the record the deploy writes. A
-    step that leaves a role at zero is refused unless pdnode_allow_unavailable."""
+    layout_change): its steps in order, the roles a step leaves at zero and for how long
+    (pdnode.core.change.window, from the node's measured starts where it has them), the
+    running instances it stops (for the deploy), and the record the deploy writes. A step
+    that leaves a role at zero is the ``refusal`` (a Problem's line, None without one or
+    with pdnode_allow_unavailable): deploy.yml and upgrade.yml refuse it before anything
+    changes; the playbooks that change no layout (verify, restart, collect) plan anyway."""
     record = identity.record(engines, plan.cluster["engines"], {e.id: reserved_ports(e) for e in engines})
     doc: dict[str, Any] = {"by": "index" if running is None else "record", "notes": notes, "record": record,
                            "record_file": f"{plan.install['applied_dir']}/{identity.RECORD_FILE}",
-                           "steps": [], "windows": [], "stops": {}}
+                           "steps": [], "windows": [], "stops": {}, "refusal": None}
     found = identity.change(running, engines)
     if found is None:
         return doc
     _, steps = found
     by_id = {e.id: e for e in engines}
+    units = {iid: e["unit"] for iid, e in plan.cluster["engines"].items()}
+
+    def measured(iid: str) -> tuple[float, str] | None:
+        """The node's own start time for IID: its unit's last, else its role's slowest."""
+        if units[iid] in started and iid in running:
+            return started[units[iid]], f"{units[iid]} started in {started[units[iid]]:.1f} s"
+        role = [(started[r.unit], r.unit) for r in running.values() if r.role == by_id[iid].role and r.unit in started]
+        if role:
+            seconds, unit = max(role)
+            return seconds, f"its role's slowest start, {unit} in {seconds:.1f} s"
+        return None
 
     def estimate(iid: str) -> tuple[float | None, str]:
         e = by_id[iid]
-        return window.start_estimate(v, model, len(e.gpus) * e.nnodes)
+        return window.start_estimate(v, model, len(e.gpus) * e.nnodes, measured(iid))
+
+    # One of several prefills that ran before under its name waits until every decode has
+    # dropped it (the deploy's hold: restart_delay_s) before it starts.
+    delay = next((s["restart_delay_s"] for s in plan.services.values() if s.get("restart_delay_s")), 0) or 0
+
+    def hold(a: Any) -> float:
+        return float(delay) if a.role == "prefill" and a.new in running else 0.0
 
     doc["steps"] = [{"kind": s.action.kind, "role": s.action.role, "id": s.action.new or s.action.old,
                      "was": s.action.old, "label": s.action.label, "serving": s.serving, "at_zero": list(s.at_zero)}
                     for s in steps.steps]
-    doc["windows"] = window.windows(steps, estimate)
+    doc["windows"] = window.windows(steps, estimate, window.stop_seconds(v["pdnode_router_package"]), hold)
     doc["stops"] = {s.action.old: {"unit": running[s.action.old].unit,
                                    "hosts": sorted({h for h, _ in running[s.action.old].gpus}),
                                    "worker": running[s.action.old].worker}
@@ -768,12 +789,13 @@ def _change(c: _Checker, v: dict[str, Any], engines: list[Instance], running: Ma
         w = min(doc["windows"], key=lambda w: w["steps"][0])  # the first step that leaves a role at zero
         first = doc["steps"][w["steps"][0] - 1]
         secs = f"about {w['expected_s']:.0f} s" if w["expected_s"] is not None else "a window of unknown length"
-        c.error("layout-change-keeps-serving", f"pdnode_{w['role']}_instances", first["id"],
-                f"no order of this change keeps a {w['role']} serving: step {w['steps'][0]} ({first['label']}) "
-                f"leaves none for {secs} ({w['source']}); nothing was stopped",
-                f"keep one {w['role']} on the GPUs and keys it runs with (or name it), add one the running ones "
-                "leave room for, or accept the window with -e pdnode_allow_unavailable=true (`pdnode diff` shows "
-                "the steps)")
+        doc["refusal"] = str(Problem(
+            "layout-change-keeps-serving", f"pdnode_{w['role']}_instances", first["id"],
+            f"no order of this change keeps a {w['role']} serving: step {w['steps'][0]} ({first['label']}) "
+            f"leaves none for {secs} ({w['source']}); nothing was stopped",
+            f"keep one {w['role']} on the GPUs and keys it runs with (or name it), add one the running ones "
+            "leave room for, or accept the window with -e '{\"pdnode_allow_unavailable\": true}' (`pdnode diff "
+            "INVENTORY` shows the steps)"))
     return doc
 
 

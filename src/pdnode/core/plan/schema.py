@@ -485,6 +485,7 @@ class Change(TypedDict):
     steps: list[ChangeStep]
     windows: list[ChangeWindow]
     stops: dict[str, ChangeStop]  # the running instances it stops
+    refusal: str | None  # a step leaves a role at zero (not accepted): the line deploy and upgrade refuse with
 
 
 class PlanDoc(TypedDict):
