@@ -222,6 +222,16 @@ def test_router_lists_exactly_the_plans_instances(node):
     assert "prefill-0 http://127.0.0.1:2 (bootstrap 3) listed with bootstrap port 99" in ev
 
 
+def test_a_decode_the_router_does_not_list_is_named_by_its_id(node):
+    """An interrupted drain (out, never in) leaves a decode out of the router's list
+    (docs/field-failures.md row 11): the router check FAILs naming the planned instance."""
+    node.workers = [w for w in node.workers if w["worker_type"] != "decode"]
+    router = checks_of(verify(node.run()))["router"]
+    url = node.plan["services"]["decode-0"]["url"]
+    assert router.status == FAIL and f"decode-0 {url} not listed as a decode worker" in router.evidence, \
+        router.evidence
+
+
 def test_a_stopped_prefill_fails_and_the_others_are_still_proven(node):
     """prefill-1 listens nowhere: it FAILs by name; decode-0 is proven with prefill-0."""
     plan = contract_plan(prefills=2, decodes=1)

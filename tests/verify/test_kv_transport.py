@@ -55,3 +55,36 @@ def test_the_standin_fails_its_start_where_mooncake_would(env, backend, fails):
     assert (error is not None) == fails
     if fails:
         assert "RdmaTransport: No available RNIC" in error and "Failed to install RDMA transport" in error
+
+
+def _transport_ctx(path: str):
+    import copy
+
+    from conftest import minimal_plan
+    from pdnode.verify.base import Ctx
+    from pdnode.verify.config import build_run
+
+    plan = copy.deepcopy(minimal_plan())
+    plan.setdefault("cluster", {})["kv"] = {"path": path, "checks": []}
+    return Ctx(build_run(plan, env={}, skip_burst=True, on_node=True))
+
+
+def test_the_check_fails_naming_the_engine_whose_mooncake_logged_another_transport(monkeypatch):
+    """kv.transport on the node: each engine's journal since its start against the plan's
+    path; the engine that fell back to TCP is the one named (row 8's silent fall-back)."""
+    from pdnode.verify import checks_transport as ct
+    from pdnode.verify.base import FAIL, PASS
+
+    rdma, tcp = "Using RDMA transport (RoCE/iWARP)", "Using TCP transport (no HCA detected)"
+    ctx = _transport_ctx("rdma")
+    units = {i.id: i.unit for i in ctx.t.instances if i.unit}
+    assert sorted(units) == ["decode-0", "prefill-0"], units
+    logged = {units["prefill-0"]: f"{GLOG}{rdma}\n", units["decode-0"]: f"{GLOG}{tcp}\n"}
+    monkeypatch.setattr(ct.svc, "systemctl_available", lambda: True)
+    monkeypatch.setattr(ct, "_journal", lambda unit: logged[unit])
+    r = ct.check_kv_transport(ctx)
+    assert r.status == FAIL, r.evidence
+    assert f"decode-0 logged {tcp!r}: tcp, not the plan's rdma" in r.evidence and "prefill-0: rdma" in r.evidence
+    assert r.hint.startswith("decode-0 moves the KV cache over another transport than the plan's rdma")
+    logged[units["decode-0"]] = f"{GLOG}{rdma}\n"
+    assert ct.check_kv_transport(ctx).status == PASS
