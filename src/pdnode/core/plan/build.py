@@ -26,6 +26,7 @@ from ..inventory.fields import BY_NAME, FIELDS, INSTANCE_KEYS_BY_NAME, REQUIRED,
 from ..rules.instances import Instance
 from ...node.router_launch import router_argv
 from ..rules.ports import BASES, allocate, reserved_ports
+from ..change import cost as change_cost
 from ..change import identity, window
 from .schema import SCHEMA_ID
 from .roles.views import views
@@ -794,8 +795,8 @@ def _change(v: dict[str, Any], engines: list[Instance], running: Mapping[str, id
             f"no order of this change keeps a {w['role']} serving: step {w['steps'][0]} ({first['label']}) "
             f"leaves none for {secs} ({w['source']}); nothing was stopped",
             f"keep one {w['role']} on the GPUs and keys it runs with (or name it), add one the running ones "
-            "leave room for, or accept the window with -e '{\"pdnode_allow_unavailable\": true}' (`pdnode diff "
-            "INVENTORY` shows the steps)"))
+            f"leave room for, or accept the window with -e '{change_cost.ACCEPT_WINDOW}' (`pdnode diff INVENTORY` shows "
+            "the steps)"))
     return doc
 
 
