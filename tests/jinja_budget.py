@@ -21,9 +21,10 @@ EXPRESSION = re.compile(r"\{\{|\{%")
 # role brings its own few: the model role (issue 44) added 9 to "all" (385 -> 394; 3 of
 # them start and stop the share of a layout spanning hosts). A layout change's steps (issue
 # 45) added 5 to pd_services (a stop at its step: its worker's drain, its unit's stop; the
-# handlers' loop over the steps) and took 1 (a loop's label).
+# handlers' loop over the steps) and took 1 (a loop's label); its measured windows added 3
+# (a step's beginning, the report, its end) and the start module's one spec option took 4.
 GOAL = {"pd_services": 120, "all": 400}
-CEILING = {"pd_services": 120, "all": 398}
+CEILING = {"pd_services": 119, "all": 397}
 VARS_LINES = {"pd_services": 40}
 
 

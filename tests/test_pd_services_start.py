@@ -61,7 +61,7 @@ def systemd(tmp_path, monkeypatch):
 
 
 def _args(hold=None):
-    return {"workers": WORKERS, "others": [ROUTER], "after": AFTER, "hold": hold or []}
+    return {"start": {"workers": WORKERS, "others": [ROUTER], "after": AFTER, "hold": hold or []}}
 
 
 def _all_active():

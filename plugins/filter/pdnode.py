@@ -14,7 +14,7 @@ try:
     from pdnode.core.rules import guards, values
     from pdnode.core.plan.cluster import layout_view
     from pdnode.core.plan.build import PlanError, applied_dir, build_plan
-    from pdnode.core.change import cost, identity
+    from pdnode.core.change import cost, identity, window
     from pdnode.core.inventory.fields import BY_NAME
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
@@ -22,7 +22,7 @@ except ImportError:  # running from a checkout without the package installed
     from pdnode.core.rules import guards, values
     from pdnode.core.plan.cluster import layout_view
     from pdnode.core.plan.build import PlanError, applied_dir, build_plan
-    from pdnode.core.change import cost, identity
+    from pdnode.core.change import cost, identity, window
     from pdnode.core.inventory.fields import BY_NAME
 
 
@@ -49,23 +49,33 @@ class _Inventory(Mapping):
         return len(list(self._hostvars))
 
 
-def _running(variables, hostvars) -> tuple[dict, dict]:
+def _running(variables, hostvars) -> tuple[dict, dict, dict]:
     """(host -> the text of its record of the layout it runs, unit -> seconds its last
-    start took) from the hosts' reads (playbooks/tasks/plan.yml: _pdnode_running, the
-    layout_read module's answer), for the hosts that have a record."""
-    found, started = {}, {}
+    start took, unit -> what its process runs: python and model_commit) from the hosts'
+    reads (playbooks/tasks/plan.yml: _pdnode_running, the layout_read module's answer),
+    for the hosts that have a record."""
+    found, started, processes = {}, {}, {}
     for name, hv in ((h, hostvars[h]) for h in hostvars) if hostvars is not None else (("", variables),):
         read = hv.get("_pdnode_running") if hasattr(hv, "get") else None
         if isinstance(read, Mapping) and read.get("content"):
             found[str(name)] = str(read["content"])
             started.update({str(u): float(s) for u, s in (read.get("started") or {}).items()})
-    return found, started
+            for unit, state in (read.get("units") or {}).items():
+                if isinstance(state, Mapping) and (state.get("python") or unit not in processes):
+                    processes[str(unit)] = {k: state.get(k) for k in ("python", "model_commit")}
+    return found, started, processes
 
 
 def pdnode_node_read(plan, read, router) -> dict:
     """playbooks/read.yml's answer of one host (pdnode.core.change.identity.node_answer)."""
     return identity.node_answer(plan, read if isinstance(read, Mapping) else None,
                                 router if isinstance(router, Mapping) and not router.get("skipped") else None)
+
+
+def pdnode_change_measured(windows, taken, ended) -> list:
+    """The pd_services handlers' report of the windows a layout change accepted: measured
+    by the deploy's clock beside the plan's prediction (pdnode.core.change.window.measured)."""
+    return window.measured(list(windows), list(taken), float(ended))
 
 
 def pdnode_restart_refusal(plan, ids) -> str:
@@ -138,6 +148,7 @@ def pdnode_role_value_problems(named) -> list[str]:
 class FilterModule:
     def filters(self):
         return {"pdnode_plan": pdnode_plan, "pdnode_layout_view": pdnode_layout_view,
+                "pdnode_change_measured": pdnode_change_measured,
                 "pdnode_exec_line": pdnode_exec_line, "pdnode_role_value_problem": pdnode_role_value_problem,
                 "pdnode_key_file_problem": pdnode_key_file_problem,
                 "pdnode_layout_record_path": pdnode_layout_record_path, "pdnode_node_read": pdnode_node_read,

@@ -8,13 +8,13 @@ DOCUMENTATION = r"""
 module: pd_services_start
 short_description: Start the PD services that do not run, workers first, naming each that did not start
 description:
-  - Reads C(systemctl is-active) of O(workers), O(others) and O(after); when all are active it
+  - Reads C(systemctl is-active) of O(start.workers), O(start.others) and O(start.after); when all are active it
     changes nothing.
-  - Otherwise clears the start limits of an earlier failed start of O(workers) and O(others)
-    (an operator's deploy is a new attempt), waits out the hold of each O(hold) unit that is
+  - Otherwise clears the start limits of an earlier failed start of O(start.workers) and O(start.others)
+    (an operator's deploy is a new attempt), waits out the hold of each O(start.hold) unit that is
     not running (one of several prefills stopped moments ago stays down until every decode
-    has dropped it, C(pdnode.node.drain hold)), starts O(workers) with one
-    C(systemctl start), and only when they all started, O(after) (the router where the layout
+    has dropped it, C(pdnode.node.drain hold)), starts O(start.workers) with one
+    C(systemctl start), and only when they all started, O(start.after) (the router where the layout
     runs it, the probe's timer, the target). The units themselves, not the target, are
     started: the target only Wants= them, so starting it succeeds with failed services.
     systemctl waits for every job (each start ends when its readiness gate passes, or at
@@ -25,29 +25,34 @@ description:
     because its workers did not start.
   - In check mode it reads and reports, and starts nothing.
 options:
-  workers:
-    description: The engine units, in start order.
-    type: list
-    elements: str
+  start:
+    description: What to start (the plan's C(roles.pd_services.start)).
+    type: dict
     required: true
-  others:
-    description: The other services (the router where this host runs it), checked after the start.
-    type: list
-    elements: str
-    default: []
-  after:
-    description: Units started once every worker runs (the router, timers, the target).
-    type: list
-    elements: str
-    default: []
-  hold:
-    description: Units to hold down before the start when they do not run, each with the argv that waits.
-    type: list
-    elements: dict
-    default: []
     suboptions:
-      unit: {description: The unit., type: str, required: true}
-      argv: {description: The command that waits until the unit may start (no shell)., type: list, elements: str, required: true}
+      workers:
+        description: The engine units, in start order.
+        type: list
+        elements: str
+        required: true
+      others:
+        description: The other services (the router where this host runs it), checked after the start.
+        type: list
+        elements: str
+        default: []
+      after:
+        description: Units started once every worker runs (the router, timers, the target).
+        type: list
+        elements: str
+        default: []
+      hold:
+        description: Units to hold down before the start when they do not run, each with the argv that waits.
+        type: list
+        elements: dict
+        default: []
+        suboptions:
+          unit: {description: The unit., type: str, required: true}
+          argv: {description: The command that waits until the unit may start (no shell)., type: list, elements: str, required: true}
   journal_lines:
     description: How many of a failed service's last journal lines to show.
     type: int
@@ -108,17 +113,18 @@ def failure_message(failed, router_skipped):
 def main():
     module = AnsibleModule(
         argument_spec={
-            "workers": {"type": "list", "elements": "str", "required": True},
-            "others": {"type": "list", "elements": "str", "default": []},
-            "after": {"type": "list", "elements": "str", "default": []},
-            "hold": {"type": "list", "elements": "dict", "default": [], "options": {
-                "unit": {"type": "str", "required": True},
-                "argv": {"type": "list", "elements": "str", "required": True}}},
+            "start": {"type": "dict", "required": True, "options": {
+                "workers": {"type": "list", "elements": "str", "required": True},
+                "others": {"type": "list", "elements": "str", "default": []},
+                "after": {"type": "list", "elements": "str", "default": []},
+                "hold": {"type": "list", "elements": "dict", "default": [], "options": {
+                    "unit": {"type": "str", "required": True},
+                    "argv": {"type": "list", "elements": "str", "required": True}}}}},
             "journal_lines": {"type": "int", "default": 8},
         },
         supports_check_mode=True,
     )
-    p = module.params
+    p = {**module.params["start"], "journal_lines": module.params["journal_lines"]}
     services = p["workers"] + p["others"]
     since = time.strftime("%Y-%m-%d %H:%M:%S")
     before = states(module, services + [u for u in p["after"] if u not in services])

@@ -334,9 +334,10 @@ def test_upgrade_switches_one_host_at_a_time_verifying_the_layout_from_each(tmp_
                                  f"--interval 0.5 --timeout 60 > /dev/null 2>&1 & echo $! > {LOAD}/pid")
     t0 = time.monotonic()
     try:
-        # the prober every 0.25 s (its outages are printed, not asserted): CPU the CI lacks
+        # the prober every 0.25 s (its outages are printed, not asserted): CPU the CI lacks;
+        # the layout's one prefill and one decode restart: a window accepted (issue 45)
         proc = subprocess.run(["ansible-playbook", "-i", str(inv), str(REPO / "playbooks" / "upgrade.yml"),
-                               "-e", "upgrade_probe_interval_s=0.25"],
+                               "-e", "upgrade_probe_interval_s=0.25", "-e", '{"pdnode_allow_unavailable": true}'],
                               cwd=REPO, env=_env(), capture_output=True, text=True, timeout=1500)
     finally:
         on("pd-router").run(f"kill -TERM $(cat {LOAD}/pid)")

@@ -69,7 +69,8 @@ PROBER = ("-e", "upgrade_probe_interval_s=0.25")
 
 
 # Between the scenario's 1P1D and 2P2D: no order keeps a prefill serving (the one prefill
-# needs the GPUs of both), refused unless told (pdnode.core.change.identity).
+# needs the GPUs of both), refused unless told (pdnode.core.change.identity); and so is an
+# upgrade of the scenario's 1P1D, which restarts its only prefill and only decode.
 ALLOW_UNAVAILABLE = ("-e", '{"pdnode_allow_unavailable": true}')
 
 
@@ -239,7 +240,7 @@ def test_upgrade_smg_to_sglang_router(host, versions):
     assert exec_python(host, ROUTER_UNIT) == f"{router_venv('smg')}/bin/python"
     assert router_running(host) == ["smg"]
     t0 = time.monotonic()
-    proc = playbook(versions["sglang-router"], "upgrade.yml")
+    proc = playbook(versions["sglang-router"], "upgrade.yml", *ALLOW_UNAVAILABLE)
     print(f"upgrade smg -> 0.3.2: {time.monotonic() - t0:.1f} s")
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
     report = json.loads(REPORT.read_text())
@@ -265,7 +266,8 @@ def test_interrupted_upgrade_back_to_smg_rerun_ends_on_one_release(host, version
     """Killed (SIGKILL, the whole controller process group) while the engines restart,
     then the same command again: one release, verified, recorded."""
     smg, old = release("smg", versions["cu13"]), release("sglang-router", versions["cu13"])
-    proc = subprocess.Popen(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "upgrade.yml"), *PROBER],
+    proc = subprocess.Popen(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "upgrade.yml"), *PROBER,
+                             *ALLOW_UNAVAILABLE],
                             cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
     seen = ""
     for line in proc.stdout:
@@ -279,7 +281,7 @@ def test_interrupted_upgrade_back_to_smg_rerun_ends_on_one_release(host, version
     doc = json.loads(host.check_output(f"cat {RECORD}"))
     assert (doc["serving"]["venv"], doc["switching_to"]["venv"]) == (old, smg)
     t0 = time.monotonic()
-    again = playbook(inventory, "upgrade.yml")
+    again = playbook(inventory, "upgrade.yml", *ALLOW_UNAVAILABLE)
     print(f"re-run of the interrupted upgrade 0.3.2 -> smg: {time.monotonic() - t0:.1f} s")
     assert again.returncode == 0, again.stdout[-5000:] + again.stderr[-2000:]
     report = json.loads(REPORT.read_text())
@@ -307,7 +309,7 @@ def test_bad_release_rolls_back_by_itself(host, versions):
                          f"> {bad}/lib/python3.11/site-packages/zz-pdnode-fault.pth")
     router_before = router_since(host)
     t0 = time.monotonic()
-    proc = playbook(versions["bad"], "upgrade.yml")
+    proc = playbook(versions["bad"], "upgrade.yml", *ALLOW_UNAVAILABLE)
     print(f"upgrade to the bad release and back: {time.monotonic() - t0:.1f} s")
     # A failed host (2): the node serves, but the upgrade failed.
     assert proc.returncode == 2, proc.stdout[-5000:] + proc.stderr[-2000:]

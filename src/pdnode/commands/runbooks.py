@@ -243,8 +243,9 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
         "watchdog_s": units_conf["pd_services_watchdog_s"],
         # the deploy's restarts, the upgrade and playbooks/restart.yml drain every instance first
         "costs": {k: asdict(c) for k, c in change_cost.costs(plan, timeout).items()},
-        # restart.yml's extra arguments per instance id (and "all"): the window's acceptance
-        # where the restart leaves a role with no instance serving (it is refused without)
+        # restart.yml's extra arguments per instance id (and "all"; "upgrade": upgrade.yml's):
+        # the window's acceptance where the restart leaves a role with no instance serving
+        # (it is refused without)
         "restart_extra": _restart_extra(plan, [s["id"] for s in engines]),
         "measured": change_cost.MEASURED,
     }
@@ -254,6 +255,7 @@ def _restart_extra(plan: dict[str, Any], ids: list[str]) -> dict[str, str]:
     accept = f" -e {shlex.quote(change_cost.ACCEPT_WINDOW)}"
     out = {iid: accept if change_cost.restart_refusal(plan, [iid]) else "" for iid in plan["cluster"]["engines"]}
     out["all"] = accept if change_cost.restart_refusal(plan, ids) else ""
+    out["upgrade"] = accept if change_cost.upgrade_refused(plan) else ""
     return out
 
 

@@ -150,3 +150,11 @@ def restart_refusal(plan: dict[str, Any], ids: list[str]) -> str | None:
     return (f"restarting {', '.join(c.what for c in lone)} leaves no instance of its role serving until it is back "
             f"({'; '.join(c.why for c in lone)}); nothing was stopped. Fix: add an instance of its role, or accept "
             f"the window with -e '{ACCEPT_WINDOW}'")
+
+
+def upgrade_refused(plan: dict[str, Any]) -> bool:
+    """Whether the plan refuses an upgrade or a new model commit of this layout unless
+    pdnode_allow_unavailable accepts it: every engine restarts, and a role with one
+    instance in the whole layout has none serving while it does (pdnode.core.plan.build's
+    change.refusal; tests/test_layout_runs.py holds the two to each other)."""
+    return not plan["settings"].get("pdnode_allow_unavailable") and 1 in role_counts(plan).values()

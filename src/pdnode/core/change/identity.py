@@ -26,8 +26,9 @@ and the new layout as ``layout_change.Instance``s (``change``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..rules.instances import Instance as Entry
@@ -36,6 +37,12 @@ from . import layout_change as lc
 SCHEMA = "pdnode.layout/1"
 RECORD_FILE = "layout.json"
 PORT_KEYS = ("port", "bootstrap_port", "nccl_port", "dist_init_port")
+# What every engine of a layout runs besides its own keys: a change of either restarts
+# every engine (a new release: the interpreter of its venv; a new model commit).
+RUNS_KEYS = ("python", "model_commit")
+# A process's argv[0] that names an interpreter (a release's venv/bin/python); anything else
+# (a title the process set itself) says nothing of its release.
+_INTERPRETER = re.compile(r"/\S*/bin/python[0-9.]*")
 # What an instance's entry says that is not what it is: where it stands, its name, its ports.
 _NOT_SHAPE = frozenset({"role", "index", "name", "named", "adopted", "gpus", "hosts", "reported", *PORT_KEYS})
 
@@ -61,6 +68,9 @@ class Running:
     reserved: tuple[int, ...]  # every port it binds (the DP-attention ranges included)
     worker: dict[str, Any]  # its entry in the router's worker list (the plan's cluster engine)
     unit: str
+    # What the deploy started it with beyond its keys: RUNS_KEYS (the release's interpreter,
+    # the model's commit); None where the record predates them or the value was unknown.
+    runs: dict[str, str | None] = field(default_factory=dict)
 
 
 def shape(entry: Entry) -> str:
@@ -74,14 +84,15 @@ def where(entry: Entry) -> tuple[tuple[str, int], ...]:
 
 
 def record(engines: Iterable[Entry], workers: Mapping[str, dict[str, Any]],
-           reserved: Mapping[str, Iterable[int]]) -> dict[str, Any]:
-    """The record of a layout (every host's engines): what the next plan reads back."""
+           reserved: Mapping[str, Iterable[int]], runs: Mapping[str, str | None]) -> dict[str, Any]:
+    """The record of a layout (every host's engines): what the next plan reads back.
+    RUNS: what they all run beyond their keys (RUNS_KEYS)."""
     out = {}
     for e in engines:
         out[e.id] = {"role": e.role, "name": e.name, "gpus": [list(p) for p in where(e)], "shape": shape(e),
                      "ports": {k: getattr(e, k) for k in PORT_KEYS if getattr(e, k) is not None},
                      "reserved": sorted(set(reserved.get(e.id, ()))), "worker": workers[e.id],
-                     "unit": workers[e.id]["unit"]}
+                     "unit": workers[e.id]["unit"], "runs": {k: runs.get(k) for k in RUNS_KEYS}}
     return {"schema": SCHEMA, "engines": out}
 
 
@@ -92,7 +103,9 @@ def _parse(host: str, text: str) -> dict[str, Running]:
             raise ValueError(f"schema {doc.get('schema')!r}, not {SCHEMA}")
         return {iid: Running(iid, e["role"], e["name"], tuple((str(h), int(g)) for h, g in e["gpus"]), e["shape"],
                              {k: int(p) for k, p in e["ports"].items()}, tuple(int(p) for p in e["reserved"]),
-                             dict(e["worker"]), e["unit"])
+                             dict(e["worker"]), e["unit"],
+                             {k: (None if v is None else str(v)) for k, v in (e.get("runs") or {}).items()
+                              if k in RUNS_KEYS})
                 for iid, e in doc["engines"].items()}
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise RecordError(f"{host}:{RECORD_FILE}", f"the record of what the node runs is unreadable ({exc})",
@@ -175,13 +188,39 @@ def avoid_ports(running: Mapping[str, Running] | None, engines: Iterable[Entry])
     return {p for r in (running or {}).values() if r.id not in names for p in r.reserved}
 
 
-def change(running: Mapping[str, Running] | None, engines: Iterable[Entry]) -> tuple[lc.Matching, lc.Plan] | None:
+def runs_changed(running: Mapping[str, Running] | None, engines: Iterable[Entry], runs: Mapping[str, str | None],
+                 processes: Mapping[str, Mapping[str, str | None]]) -> dict[str, str]:
+    """The instances that stay (same id) but restart for what they run beyond their keys
+    (RUNS_KEYS: a new release, a new model commit): id -> why, in a few words. What runs
+    now is what the unit's process runs (PROCESSES: unit -> the layout_read module's
+    python and model_commit), else the record's ``runs``; an unknown value on either side
+    is no change (a unit that is not running has nothing to lose)."""
+    out = {}
+    for e in engines:
+        r = (running or {}).get(e.id)
+        if r is None:
+            continue
+        live = processes.get(r.unit)  # None: not read (offline, or another host's unit)
+        now = {k: (live if live is not None else r.runs).get(k) for k in RUNS_KEYS}
+        if live is not None and live.get("python") and not _INTERPRETER.fullmatch(str(live["python"])):
+            now["python"] = r.runs.get("python")  # a process that retitled itself: its argv[0] is no path
+        if now["python"] and runs.get("python") and now["python"] != runs["python"]:
+            out[e.id] = "a new release"
+        elif now["model_commit"] and runs.get("model_commit") and now["model_commit"] != runs["model_commit"]:
+            out[e.id] = f"model commit {now['model_commit'][:12]} -> {str(runs['model_commit'])[:12]}"
+    return out
+
+
+def change(running: Mapping[str, Running] | None, engines: Iterable[Entry],
+           restarting: Mapping[str, str] | None = None) -> tuple[lc.Matching, lc.Plan] | None:
     """The change from the running layout to ENGINES (after ``adopt``), or None without a
-    record. Ids carry identity now: both sides are matched by id (layout_change's named)."""
+    record. Ids carry identity now: both sides are matched by id (layout_change's named).
+    RESTARTING (``runs_changed``): instances that restart although their keys are the same."""
     if running is None:
         return None
     old = [lc.Instance(r.id, r.role, r.gpus, r.shape, named=True) for r in running.values()]
-    new = [lc.Instance(e.id, e.role, where(e), shape(e), named=True) for e in engines]
+    new = [lc.Instance(e.id, e.role, where(e), shape(e) + ("\n" + restarting[e.id] if e.id in (restarting or {}) else ""),
+                       named=True) for e in engines]
     return lc.plan_change(old, new)
 
 

@@ -9,7 +9,8 @@ them one at a time:
 
 - a stop: the router's drop of a removed worker (ROUTER_DROP_S, measured per router
   package) and the unit's stop (UNIT_STOP_S);
-- a start or restart: for a prefill of several that ran before under its name, the wait
+- a restart: a stop, then a start;
+- a start: for a prefill of several that ran before under its name, the wait
   until every decode has dropped it (the plan's restart_delay_s, from the heartbeat
   settings); its start to ready; its addition to the router (JOIN_S).
 
@@ -86,9 +87,33 @@ def windows(change: lc.Plan, start: Callable[[str], tuple[float | None, str]], s
                         continue
                     seconds, source = start(a.new) if a.new else (None, "")
                     sources.append(source)
-                    total = None if total is None or seconds is None else total + hold(a) + seconds + JOIN_S
+                    away = stop_s if a.kind == "restart" else 0.0  # a restart leaves first, as a stop
+                    total = None if total is None or seconds is None else total + away + hold(a) + seconds + JOIN_S
                 out.append({"role": role, "steps": [j + 1 for j in run],
                             "expected_s": round(total, 1) if total is not None else None,
                             "source": sources[0] if sources else "no start of the role in these steps"})
                 run = []
     return out
+
+
+def measured(windows: list[Mapping[str, Any]], taken: list[Any], ended: float) -> list[str]:
+    """The deploy's report of each window it ran (pdnode_allow_unavailable accepted them):
+    WINDOWS as the pd_services view gives them (role, expected_s, and the steps as the
+    handlers take them: kind stop or restart, id), TAKEN the handlers' [kind, id, began]
+    of each step they took, in order, ENDED when the last one ended. A window lasts from
+    the beginning of its first step to the end of its last (the next step's beginning):
+    the drain that took the role's last instance out, to the join that brought one back."""
+    began = [float(t[2]) for t in taken] + [float(ended)]
+    at = {(str(t[0]), str(t[1])): i for i, t in enumerate(taken)}  # the last taking of a step
+    lines = []
+    for w in windows:
+        mine = sorted(at[(s["kind"], s["id"])] for s in w["steps"] if (s["kind"], s["id"]) in at)
+        predicted = f"{w['expected_s']:.1f} s" if w["expected_s"] is not None else "unknown"
+        if not mine:
+            lines.append(f"window without a {w['role']}: predicted {predicted}; not measured here (its steps "
+                         "ran on another host)")
+            continue
+        seconds = began[mine[-1] + 1] - began[mine[0]]
+        lines.append(f"window without a {w['role']}: measured {seconds:.1f} s by the deploy (from {taken[mine[0]][0]} "
+                     f"{taken[mine[0]][1]} to {taken[mine[-1]][0]} {taken[mine[-1]][1]} done), predicted {predicted}")
+    return lines

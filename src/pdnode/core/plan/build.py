@@ -306,7 +306,8 @@ def _check_thresholds(c: _Checker, thresholds: Any) -> None:
 def build_plan(variables: dict[str, Any], host: str = "node",
                inventory: Mapping[str, Mapping[str, Any]] | None = None, inventory_dir: str | None = None,
                model_lock: dict[str, Any] | None = None, running: Mapping[str, str | None] | None = None,
-               started: Mapping[str, float] | None = None) -> Plan:
+               started: Mapping[str, float] | None = None,
+               processes: Mapping[str, Mapping[str, str | None]] | None = None) -> Plan:
     """Validate a node description and derive the plan of ``host``; raise PlanError with
     all problems. ``inventory`` maps every inventory host to its variables (only the
     hosts a multi-host layout names are read: their address and layout description);
@@ -314,7 +315,9 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     (an upgrade's way back: the lock the serving commit was verified against) replaces it.
     ``running``: each host's record of the layout it runs (pdnode.core.change.identity;
     None or all None: none, instances are named by their index); ``started``: unit -> seconds
-    its last start took on the node (systemd's record), for a change's windows."""
+    its last start took on the node (systemd's record), for a change's windows;
+    ``processes``: unit -> what its process runs now (python, model_commit: the
+    layout_read module's), so that a new release or model commit restarts count."""
     c = _Checker(variables)
     _deferred(c)
     if c.problems:  # what the value is, is not known: the rest would judge a template's text
@@ -435,7 +438,6 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     if c.problems or layout is None:
         raise PlanError(c.problems)
     plan = _derive(v, engines, ib_map, ports, c.warnings, layout, kv)
-    plan.change = _change(v, engines, now_running, notes, plan, model or {}, started or {})
     plan.model = model_plan.with_share(model or {}, plan.cluster, host, ports.get("model.share_port"))
     if plan.model.get("share", {}).get("seed") == host:  # the peers fetch from this host
         plan.firewall["tcp_ports"] = sorted({*plan.firewall["tcp_ports"], plan.model["share"]["port"]})
@@ -444,6 +446,7 @@ def build_plan(variables: dict[str, Any], host: str = "node",
         # engine by the deploy's drain-and-restart, as a changed argument does.
         for svc in plan.engines():
             svc["environment"]["PDNODE_MODEL_COMMIT"] = plan.model["commit"]
+    plan.change = _change(v, engines, now_running, notes, plan, model or {}, started or {}, processes or {})
     if "router" in plan.services:
         # The router package decides whether it starts with these arguments: ask it (the
         # plan's argv, the keys the launcher adds), once everything else holds.
@@ -738,19 +741,24 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
 
 
 def _change(v: dict[str, Any], engines: list[Instance], running: Mapping[str, identity.Running] | None,
-            notes: list[str], plan: Plan, model: dict[str, Any], started: Mapping[str, float]) -> dict[str, Any]:
+            notes: list[str], plan: Plan, model: dict[str, Any], started: Mapping[str, float],
+            processes: Mapping[str, Mapping[str, str | None]]) -> dict[str, Any]:
     """The change from what the node runs to this layout (pdnode.core.change.identity and
     layout_change): its steps in order, the roles a step leaves at zero and for how long
-    (pdnode.core.change.window, from the node's measured starts where it has them), the
+    (pdnode.core.change.window, from the node's measured starts where it has them): a
+    new release or model commit restarts every instance that stays (the running units'
+    processes, else the record, say what runs now), the
     running instances it stops (for the deploy), and the record the deploy writes. A step
     that leaves a role at zero is the ``refusal`` (a Problem's line, None without one or
     with pdnode_allow_unavailable): deploy.yml and upgrade.yml refuse it before anything
     changes; the playbooks that change no layout (verify, restart, collect) plan anyway."""
-    record = identity.record(engines, plan.cluster["engines"], {e.id: reserved_ports(e) for e in engines})
+    runs = {"python": plan.install["python"], "model_commit": plan.model.get("commit")}
+    record = identity.record(engines, plan.cluster["engines"], {e.id: reserved_ports(e) for e in engines}, runs)
     doc: dict[str, Any] = {"by": "index" if running is None else "record", "notes": notes, "record": record,
                            "record_file": f"{plan.install['applied_dir']}/{identity.RECORD_FILE}",
                            "steps": [], "windows": [], "stops": {}, "refusal": None}
-    found = identity.change(running, engines)
+    restarting = identity.runs_changed(running, engines, runs, processes)
+    found = identity.change(running, engines, restarting)
     if found is None:
         return doc
     _, steps = found
@@ -778,8 +786,12 @@ def _change(v: dict[str, Any], engines: list[Instance], running: Mapping[str, id
     def hold(a: Any) -> float:
         return float(delay) if a.role == "prefill" and a.new in running else 0.0
 
+    def label(a: Any) -> str:
+        why = restarting.get(a.new) if a.kind == "restart" else None
+        return f"{a.label} ({why})" if why else a.label
+
     doc["steps"] = [{"kind": s.action.kind, "role": s.action.role, "id": s.action.new or s.action.old,
-                     "was": s.action.old, "label": s.action.label, "serving": s.serving, "at_zero": list(s.at_zero)}
+                     "was": s.action.old, "label": label(s.action), "serving": s.serving, "at_zero": list(s.at_zero)}
                     for s in steps.steps]
     doc["windows"] = window.windows(steps, estimate, window.stop_seconds(v["pdnode_router_package"]), hold)
     doc["stops"] = {s.action.old: {"unit": running[s.action.old].unit,
@@ -794,9 +806,11 @@ def _change(v: dict[str, Any], engines: list[Instance], running: Mapping[str, id
             "layout-change-keeps-serving", f"pdnode_{w['role']}_instances", first["id"],
             f"no order of this change keeps a {w['role']} serving: step {w['steps'][0]} ({first['label']}) "
             f"leaves none for {secs} ({w['source']}); nothing was stopped",
-            f"keep one {w['role']} on the GPUs and keys it runs with (or name it), add one the running ones "
-            f"leave room for, or accept the window with -e '{change_cost.ACCEPT_WINDOW}' (`pdnode diff INVENTORY` shows "
-            "the steps)"))
+            (f"add a second {w['role']} (GPUs for it: one serves while the other restarts)"
+             if first["kind"] == "restart" and first["id"] in restarting else
+             f"keep one {w['role']} on the GPUs and keys it runs with (or name it), add one the running ones "
+             "leave room for")
+            + f", or accept the window with -e '{change_cost.ACCEPT_WINDOW}' (`pdnode diff INVENTORY` shows the steps)"))
     return doc
 
 

@@ -350,6 +350,7 @@ class PdServicesView(TypedDict):
     drain: dict[str, DrainSpec]  # per engine id: it, and the decodes bound to it
     drain_unplanned: DrainSpec
     change_lines: list[str]  # the layout change as the deploy prints it
+    windows: list[dict[str, Any]]  # the accepted windows, their steps as the handlers take them
     stops: dict[str, StopView]
     orphans: OrphanRule
     restart: RestartRule

@@ -191,6 +191,19 @@ def change_lines(change: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _handler_steps(step: dict[str, Any], bound: list[str], engine_ids: list[str],
+                   services: dict[str, Any]) -> list[dict[str, str]]:
+    """A change step as the pd_services handlers may take it (pd_services_files' restart
+    steps): a stop; a start or restart of the unit; for a decode bound to the node's one
+    prefill, also that prefill's restart, which restarts it when both restart."""
+    if step["kind"] == "stop":
+        return [{"kind": "stop", "id": step["id"]}]
+    out = [{"kind": "restart", "id": step["id"]}]
+    if step["id"] in bound:
+        out += [{"kind": "restart", "id": sid} for sid in engine_ids if services[sid]["upholds"]]
+    return out
+
+
 def _drain_spec(plan: dict[str, Any], api_key: bool, workers: list[str] | None) -> dict[str, Any]:
     """pdnode.node.drain's spec (stdin: it names key files, never keys) for WORKERS (engine
     ids; None: every engine of the layout)."""
@@ -285,6 +298,13 @@ def view(plan: dict[str, Any]) -> dict[str, Any]:
                             + [stop["worker"] for stop in stops.values()]},
         # What the deploy says of the layout change before it runs it.
         "change_lines": change_lines(change),
+        # Each window the change accepted, its steps as the handlers take them (a start is
+        # a "restart" of a unit not running; a decode bound to the node's one prefill
+        # restarts within the prefill's step), for the measured report after them.
+        "windows": [{"role": w["role"], "expected_s": w["expected_s"],
+                     "steps": [h for i in w["steps"] for h in _handler_steps(change["steps"][i - 1], bound, engine_ids,
+                                                                             services)]}
+                    for w in change.get("windows", [])],
         # Each running instance this host's steps stop: its unit and the drain of its worker.
         "stops": {sid: {"unit": stop["unit"],
                         "drain": {**_drain_spec(plan, api_key, []), "workers": [stop["worker"]]}}
