@@ -54,7 +54,7 @@ def test_2p2d_to_3p1d_keeps_the_decode_on_gpus_6_7_running_as_decode_1_and_back(
     """The issue's field case: the remaining decode is decode-1 (same GPUs, same keys), its
     files are byte for byte what it runs; decode-0 stops before prefill-2 starts on its GPUs."""
     two = plan(layout(base, [[0, 1], [2, 3]], [[4, 5], [6, 7]]))
-    three = plan(layout(base, [[0, 1], [2, 3], [4, 5]], [[6, 7]]), two["change"]["record"])
+    three = plan(layout(base, [[0, 1], [2, 3], [4, 5]], [[6, 7]]), two["change"]["converged"])
     assert [s for s in three["services"] if s != "router"] == ["prefill-0", "prefill-1", "prefill-2", "decode-1"]
     for what in ("args", "environment", "unit", "config", "exec"):
         assert three["services"]["decode-1"][what] == two["services"]["decode-1"][what], what
@@ -75,14 +75,14 @@ def test_2p2d_to_3p1d_keeps_the_decode_on_gpus_6_7_running_as_decode_1_and_back(
     assert view["restart"]["change"] == [{"kind": "stop", "id": "decode-0"}, {"kind": "start", "id": "prefill-2"}]
     # until then it counts as planned: the drain of other unplanned workers leaves it in
     assert two["cluster"]["engines"]["decode-0"] in view["drain_unplanned"]["workers"]
-    back = plan(layout(base, [[0, 1], [2, 3]], [[4, 5], [6, 7]]), three["change"]["record"])
+    back = plan(layout(base, [[0, 1], [2, 3]], [[4, 5], [6, 7]]), three["change"]["converged"])
     assert labels(back) == ["stop prefill-2", "start decode-0"] and back["change"]["windows"] == []
     assert back["services"]["decode-1"]["args"] == two["services"]["decode-1"]["args"]
 
 
 def test_4p_tp1_to_2p_tp2_stops_two_old_prefills_per_new_one_while_two_serve(base):
     four = plan(layout(base, [[0], [1], [2], [3]], [[4, 5], [6, 7]]))
-    two = plan(layout(base, [[0, 1], [2, 3]], [[4, 5], [6, 7]]), four["change"]["record"])
+    two = plan(layout(base, [[0, 1], [2, 3]], [[4, 5], [6, 7]]), four["change"]["converged"])
     assert two["change"]["windows"] == []
     seq = labels(two)
     assert seq == ["stop prefill-0", "stop prefill-1", "start prefill-0", "stop prefill-2", "stop prefill-3",
@@ -98,18 +98,18 @@ def test_4p_tp1_to_2p_tp2_stops_two_old_prefills_per_new_one_while_two_serve(bas
 def test_1p2d_to_2p1d_is_the_plan_s_refusal_and_runs_with_the_override(base):
     one = plan(layout(base, [[0, 1, 2, 3]], [[4, 5], [6, 7]]))
     target = layout(base, [[0, 1], [2, 3]], [[4, 5, 6, 7]])
-    text = plan(target, one["change"]["record"])["change"]["refusal"]
+    text = plan(target, one["change"]["converged"])["change"]["refusal"]
     assert "\n" not in text and "step 2 (stop decode-1)" in text and "no order of this change keeps a decode" in text
     # smg's drop and the stop of decode-1, then decode-0's start (113 GB over 4 GPUs + graphs) and join
     assert '"pdnode_allow_unavailable": true' in text and "about 81 s" in text
-    ok = plan({**target, "pdnode_allow_unavailable": True}, one["change"]["record"])
+    ok = plan({**target, "pdnode_allow_unavailable": True}, one["change"]["converged"])
     assert ok["change"]["refusal"] is None and {w["role"] for w in ok["change"]["windows"]} == {"prefill", "decode"}
 
 
 def test_a_record_of_the_same_layout_changes_nothing(base):
     v = layout(base, [[0, 1], [2, 3], [4, 5]], [[6, 7]])
     first = plan(v)
-    again = plan(v, first["change"]["record"])
+    again = plan(v, first["change"]["converged"])
     assert again["change"]["steps"] == [] and again["services"] == first["services"]
     assert again["change"]["record"] == first["change"]["record"]
 
@@ -120,7 +120,7 @@ def test_a_named_instance_keeps_its_name_and_a_change_of_its_keys_restarts_it_in
     first = plan(v)
     v2 = json.loads(json.dumps(v))
     v2["pdnode_prefill_instances"][0]["mem_fraction_static"] = 0.7
-    p = plan(v2, first["change"]["record"])
+    p = plan(v2, first["change"]["converged"])
     assert labels(p) == ["restart prefill-0"] and p["change"]["windows"] == []
     assert "prefill-b" in p["services"]
 
@@ -171,7 +171,7 @@ def test_generated_layout_pairs_keep_what_stays_and_plan_a_change_that_converges
             plan(layout(base, *new_l))
         except PlanError:
             continue  # a layout this model refuses alone (not the change's business)
-        new = plan(layout(base, *new_l), old["change"]["record"])
+        new = plan(layout(base, *new_l), old["change"]["converged"])
         # refused exactly where a step leaves a role at zero
         assert bool(new["change"]["refusal"]) == bool(new["change"]["windows"]), (old_l, new_l)
         refused += bool(new["change"]["refusal"])
@@ -194,6 +194,6 @@ def test_generated_layout_pairs_keep_what_stays_and_plan_a_change_that_converges
                 mine = set(new_rec[s["id"]]["reserved"])
                 assert not any(mine & ports for ports in live.values()), (old_l, new_l, s["label"])
                 live[s["id"]] = mine
-        settled = plan(layout(base, *new_l, pdnode_allow_unavailable=True), new["change"]["record"])
+        settled = plan(layout(base, *new_l, pdnode_allow_unavailable=True), new["change"]["converged"])
         assert settled["change"]["steps"] == [] and settled["services"] == new["services"], (old_l, new_l)
     assert 0 < refused < checked  # both kinds of change were drawn

@@ -88,3 +88,43 @@ def test_each_unit_s_state_since_and_what_its_main_process_runs(tmp_path, monkey
     assert got["units"] == {"sglang-pd-decode-0.service": {
         "active": "active", "since": "Sun 2026-12-06 11:00:00 UTC", "started_s": 2.0, "python": sys.executable,
         "model_commit": "c" * 40}}
+
+
+# `systemctl list-units --all --plain --no-legend --no-pager --type=service -- 'sglang-pd-*.service'`
+# as systemd 252 prints it: UNIT LOAD ACTIVE SUB DESCRIPTION
+LIST = """sglang-pd-decode-0.service  loaded active   running SGLang PD decode-0
+sglang-pd-decode-7.service  loaded active   running SGLang PD decode-7 (started by hand)
+sglang-pd-prefill-3.service loaded inactive dead    SGLang PD prefill-3
+sglang-pd-prefill-4.service loaded activating start SGLang PD prefill-4
+sglang-pd-router.service    loaded active   running SGLang PD router
+"""
+
+
+def _fake_systemctl(tmp_path, show: str, listing: str) -> Path:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    asked = tmp_path / "asked"
+    (fake / "systemctl").write_text(f"#!/bin/sh\necho \"$@\" >> {asked}\ncase \"$1\" in\n"
+                                    f"  show) cat <<'EOF'\n{show}EOF\n  ;;\n"
+                                    f"  list-units) cat <<'EOF'\n{listing}EOF\n  ;;\nesac\n")
+    (fake / "systemctl").chmod(0o755)
+    return asked
+
+
+def test_the_units_of_the_prefix_that_run_and_the_record_does_not_name_are_strangers(tmp_path, monkeypatch):
+    """Both layouts of an unfinished change are the record's (``from``); what else of the
+    prefix runs (or starts) is named, a stopped unit is not."""
+    path = tmp_path / "layout.json"
+    path.write_text(json.dumps({"schema": "pdnode.layout/1",
+                                "engines": {"decode-0": {"unit": "sglang-pd-decode-0.service"}},
+                                "from": {"decode-1": {"unit": "sglang-pd-router.service"}}}))
+    asked = _fake_systemctl(tmp_path, SHOW, LIST)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    got = run_module(MODULE, {"path": str(path), "prefix": "sglang-pd"}, check=True)
+    assert got["strangers"] == ["sglang-pd-decode-7.service", "sglang-pd-prefill-4.service"]
+    lines = asked.read_text().splitlines()
+    assert lines[0].split()[-3:] == ["--", "sglang-pd-decode-0.service", "sglang-pd-router.service"]
+    assert lines[1].split()[-2:] == ["--", "sglang-pd-*.service"]
+    # without a record nothing is listed: a new node, or one deployed before records
+    none = run_module(MODULE, {"path": str(tmp_path / "none.json"), "prefix": "sglang-pd"})
+    assert none["strangers"] == []

@@ -52,7 +52,7 @@ def test_the_record_holds_what_every_engine_runs_beyond_its_keys(base):
 
 def test_a_new_release_on_2p2d_restarts_each_engine_in_turn_with_each_role_serving(base):
     old = plan(changed(base, TWO_BY_TWO))
-    new = plan(new_release(changed(base, TWO_BY_TWO)), old["change"]["record"], engines_running(old))
+    new = plan(new_release(changed(base, TWO_BY_TWO)), old["change"]["converged"], engines_running(old))
     assert new["install"]["python"] != old["install"]["python"]
     steps = new["change"]["steps"]
     assert sorted(s["label"] for s in steps) == sorted(f"restart {i} (a new release)"
@@ -63,12 +63,12 @@ def test_a_new_release_on_2p2d_restarts_each_engine_in_turn_with_each_role_servi
 
 def test_a_new_release_on_1p1d_is_refused_naming_the_restart_and_runs_with_the_override(base):
     old = plan(base)
-    text = plan(new_release(base), old["change"]["record"], engines_running(old))["change"]["refusal"]
+    text = plan(new_release(base), old["change"]["converged"], engines_running(old))["change"]["refusal"]
     assert text and "\n" not in text, text
     # the first step that leaves a role at zero; the fix is a second instance of the role
     assert "step 1 (restart decode-0 (a new release))" in text and "keeps a decode serving" in text
     assert "add a second decode" in text and '"pdnode_allow_unavailable": true' in text
-    ok = plan(changed(new_release(base), {"pdnode_allow_unavailable": True}), old["change"]["record"],
+    ok = plan(changed(new_release(base), {"pdnode_allow_unavailable": True}), old["change"]["converged"],
               engines_running(old))
     assert ok["change"]["refusal"] is None
     assert {w["role"] for w in ok["change"]["windows"]} == {"prefill", "decode"}
@@ -85,7 +85,7 @@ def test_what_the_process_runs_wins_over_the_record(base):
     assert {s["label"] for s in still_old["change"]["steps"]} == {"restart prefill-0 (a new release)",
                                                                   "restart decode-0 (a new release)"}
     assert still_old["change"]["refusal"]
-    switched = plan(target, old["change"]["record"], engines_running(plan(target)))
+    switched = plan(target, old["change"]["converged"], engines_running(plan(target)))
     assert switched["change"]["steps"] == [] and switched["change"]["refusal"] is None
 
 
@@ -93,17 +93,17 @@ def test_without_a_known_value_nothing_restarts_for_it(base):
     """A stopped unit has nothing to lose; a record from before ``runs`` says nothing."""
     old = plan(base)
     stopped = {u: {"python": None, "model_commit": None} for u in engines_running(old)}
-    assert plan(new_release(base), old["change"]["record"], stopped)["change"]["steps"] == []
-    before_runs = json.loads(json.dumps(old["change"]["record"]))
+    assert plan(new_release(base), old["change"]["converged"], stopped)["change"]["steps"] == []
+    before_runs = json.loads(json.dumps(old["change"]["converged"]))
     for entry in before_runs["engines"].values():
         del entry["runs"]
-    assert identity.read({"gpu01": json.dumps(before_runs)})["prefill-0"].runs == {}
+    assert identity.read({"gpu01": json.dumps(before_runs)}).engines["prefill-0"].runs == {}
     assert plan(new_release(base), before_runs)["change"]["steps"] == []
     # a process that set its own title: its argv[0] is no interpreter, the record decides
     titled = {u: {"python": "sglang::http_server", "model_commit": None} for u in engines_running(old)}
-    assert plan(base, old["change"]["record"], titled)["change"]["steps"] == []
+    assert plan(base, old["change"]["converged"], titled)["change"]["steps"] == []
     # offline (no processes read), the record's runs decide: `pdnode diff --from`
-    assert plan(new_release(base), old["change"]["record"])["change"]["refusal"]
+    assert plan(new_release(base), old["change"]["converged"])["change"]["refusal"]
 
 
 def _locked(tmp_path, name, commit):
@@ -121,14 +121,14 @@ def test_a_new_model_commit_restarts_every_engine_and_on_1p1d_is_refused(base, t
     old = plan(v, inventory_dir=_locked(tmp_path, "first", first))
     assert {e["runs"]["model_commit"] for e in old["change"]["record"]["engines"].values()} == {first}
     running = engines_running(old, model_commit=first)
-    new = plan(v, old["change"]["record"], running, _locked(tmp_path, "second", second))
+    new = plan(v, old["change"]["converged"], running, _locked(tmp_path, "second", second))
     why = f"model commit {first[:12]} -> {second[:12]}"
     assert {s["label"] for s in new["change"]["steps"]} == {f"restart prefill-0 ({why})", f"restart decode-0 ({why})"}
     assert why in new["change"]["refusal"]
-    same = plan(v, old["change"]["record"], running, _locked(tmp_path, "again", first))
+    same = plan(v, old["change"]["converged"], running, _locked(tmp_path, "again", first))
     assert same["change"]["steps"] == [] and same["change"]["refusal"] is None
     two = plan(changed(v, TWO_BY_TWO), inventory_dir=_locked(tmp_path, "two", first))
-    moved = plan(changed(v, TWO_BY_TWO), two["change"]["record"], engines_running(two, model_commit=first),
+    moved = plan(changed(v, TWO_BY_TWO), two["change"]["converged"], engines_running(two, model_commit=first),
                  _locked(tmp_path, "two-second", second))
     assert len(moved["change"]["steps"]) == 4 and moved["change"]["refusal"] is None
 
@@ -146,7 +146,7 @@ def test_the_runbooks_upgrade_command_accepts_the_window_exactly_where_the_plan_
     v = changed(base, {"pdnode_prefill_instances": [{"gpus": g, "tp_size": len(g)} for g in prefills],
                        "pdnode_decode_instances": [decode(g) for g in decodes]})
     old = plan(v)
-    refusal = plan(new_release(v), old["change"]["record"], engines_running(old))["change"]["refusal"]
+    refusal = plan(new_release(v), old["change"]["converged"], engines_running(old))["change"]["refusal"]
     assert cost.upgrade_refused(old) == bool(refusal), refusal
     assert not cost.upgrade_refused(plan(changed(v, {"pdnode_allow_unavailable": True})))
 
@@ -155,7 +155,7 @@ def test_the_deploy_measures_each_accepted_window_from_the_steps_it_took(base):
     """The view gives each window's steps as the handlers take them (a bound decode's
     restart is within its prefill's); window.measured reads the handlers' [kind, id, began]."""
     old = plan(base)
-    ok = plan(changed(new_release(base), {"pdnode_allow_unavailable": True}), old["change"]["record"],
+    ok = plan(changed(new_release(base), {"pdnode_allow_unavailable": True}), old["change"]["converged"],
               engines_running(old))
     view = {w["role"]: w for w in ok["roles"]["pd_services"]["windows"]}
     assert view["decode"]["steps"] == [{"kind": "restart", "id": "decode-0"}, {"kind": "restart", "id": "prefill-0"}]

@@ -447,3 +447,34 @@ def test_check_mode_disables_nothing(tmp_path, systemctl, monkeypatch):
     result = run({"files": [], "disable": ["sglang-pd-decode-1.service"], "remove": [str(orphan)]}, check=True)
     assert result["changed"] and result["disabled"] == [] and orphan.exists()
     assert not [c for c in _calls(systemctl) if c["argv"][:1] == ["disable"]]
+
+
+def test_a_file_is_unfinished_until_the_record_call_writes_its_converged_content(tmp_path):
+    """The layout record names the layout its change starts from until the change's steps
+    ran: the write reports a change while it does (the handlers run again after an
+    interrupted run), the record call writes the converged content, and then a rerun of
+    the converged plan changes nothing."""
+    applied = tmp_path / "applied"
+    layout = tmp_path / "layout.json"
+    changing = fspec(layout, '{"engines": 2, "from": 1}\n', mode="0600", converged='{"engines": 2}\n')
+    args = {"files": [changing, *_service_files(tmp_path)], "applied_dir": str(applied)}
+    first = run(args)
+    assert first["changed"] and first["unfinished"] == [str(layout)]
+    # interrupted before the handlers: the same plan again writes nothing, but is unfinished
+    again = run(args)
+    assert again["changed"] and again["changed_paths"] == [] and again["unfinished"] == [str(layout)]
+    assert run(args, check=True)["unfinished"] == [str(layout)]
+    # the handlers' record call: the digests, then the converged content (mode and owners kept)
+    done = run({**args, "record": ["prefill", "router"]})
+    assert done["changed"] and done["changed_paths"] == [str(layout)] and done["recorded"] == ["prefill", "router"]
+    assert layout.read_text() == '{"engines": 2}\n' and layout.stat().st_mode & 0o7777 == 0o600
+    assert leftovers(tmp_path) == []
+    # a record call with no restart still finishes it (a change of stops only)
+    layout.write_text('{"engines": 2, "from": 1}\n')
+    assert run({**args, "record": []})["changed_paths"] == [str(layout)]
+    assert layout.read_text() == '{"engines": 2}\n'
+    # the next plan has no change: its content is the converged one
+    converged = {**changing, "content": '{"engines": 2}\n'}
+    settled = run({**args, "files": [converged, *_service_files(tmp_path)]})
+    assert not settled["changed"] and settled["unfinished"] == []
+    assert not run({**args, "files": [converged, *_service_files(tmp_path)], "record": []})["changed"]

@@ -226,13 +226,19 @@ MODEL_RULE_CASES: dict[str, tuple[dict, str, set[str]]] = {
 
 # Rules that need the node's record of the layout it runs (the deploy reads it from the
 # hosts): rule id -> (changes to gpu01, the layout the record holds (None: the record's text
-# is not JSON), other ids). gpu01 runs prefill TP4 on GPUs 0-3, decode DP4 on 4-7.
-RUNNING_RULE_CASES: dict[str, tuple[dict, dict | None, set[str]]] = {
-    "layout-record-readable": ({}, None, set()),
+# is not JSON), what else the hosts' read says: strangers, the units of the prefix the host
+# runs that its record does not name; interrupted, the record of a change that did not
+# finish, from gpu01 to the record's layout). gpu01 runs prefill TP4 on GPUs 0-3, decode DP4 on 4-7.
+TWO_DECODES = {"pdnode_decode_instances": [{"gpus": g, "tp_size": 2, "attn_dp_size": 2, "ep_size": 2}
+                                           for g in ([4, 5], [6, 7])]}
+RUNNING_RULE_CASES: dict[str, tuple[dict, dict | None, dict]] = {
+    "layout-record-readable": ({}, None, {}),
     # the record: two decodes on GPUs 4-5 and 6-7; gpu01's one decode needs both GPU pairs
     # free before it starts, so no decode serves meanwhile
-    "layout-change-keeps-serving": ({}, {"pdnode_decode_instances": [
-        {"gpus": g, "tp_size": 2, "attn_dp_size": 2, "ep_size": 2} for g in ([4, 5], [6, 7])]}, set()),
+    "layout-change-keeps-serving": ({}, TWO_DECODES, {}),
+    "layout-record-names-what-runs": ({}, {}, {"strangers": {"gpu01": ["sglang-pd-decode-7.service"]}}),
+    # the deploy to two decodes was interrupted; gpu01's own layout is another change
+    "layout-change-finishes-first": ({}, TWO_DECODES, {"interrupted": True}),
 }
 
 
@@ -290,20 +296,29 @@ def test_the_two_host_case_triggers_its_rule(rule_id):
 
 @pytest.mark.parametrize("rule_id", sorted(RUNNING_RULE_CASES))
 def test_the_running_layout_case_triggers_its_rule(gpu01_vars, rule_id):
-    changes, ran, also = RUNNING_RULE_CASES[rule_id]
+    changes, ran, read = RUNNING_RULE_CASES[rule_id]
     if ran is None:
         text = "{not json"
     else:
-        text = json.dumps(build_plan(changed(gpu01_vars, ran), "gpu01").as_dict()["change"]["record"])
+        record = build_plan(changed(gpu01_vars, ran), "gpu01").as_dict()["change"]["converged"]
+        if read.get("interrupted"):  # the change from gpu01 to RAN, its steps not all taken
+            first = build_plan(gpu01_vars, "gpu01").as_dict()["change"]["converged"]
+            record = build_plan(changed(gpu01_vars, ran), "gpu01", running={"gpu01": json.dumps(first)},
+                                ).as_dict()["change"]["record"]
+            assert "from" in record
+        text = json.dumps(record)
     try:
-        plan = build_plan(changed(gpu01_vars, changes), "gpu01", running={"gpu01": text})
+        plan = build_plan(changed(gpu01_vars, changes), "gpu01", running={"gpu01": text},
+                          strangers=read.get("strangers"))
     except PlanError as exc:  # the record's rules refuse the plan
         assert [p.rule_id for p in exc.problems] == [rule_id], [str(p) for p in exc.problems]
         return
-    # the change's rule is the plan's refusal line: deploy.yml and upgrade.yml refuse with it,
-    # the playbooks that change no layout plan on (build_plan reports it as that rule's Problem)
-    assert rule_id == "layout-change-keeps-serving" and plan.change["refusal"], plan.change
-    assert "no order of this change keeps a" in plan.change["refusal"]
+    # the change's rules are the plan's refusal line: deploy.yml and upgrade.yml refuse with
+    # it, the playbooks that change no layout plan on (build_plan reports it as the Problem)
+    said = {"layout-change-keeps-serving": "no order of this change keeps a",
+            "layout-record-names-what-runs": "the deploy does not stop what it did not start",
+            "layout-change-finishes-first": "an earlier deploy was interrupted"}[rule_id]
+    assert said in (plan.change["refusal"] or ""), plan.change
 
 
 @pytest.mark.parametrize("rule_id", sorted(MODEL_RULE_CASES))

@@ -49,12 +49,13 @@ class _Inventory(Mapping):
         return len(list(self._hostvars))
 
 
-def _running(variables, hostvars) -> tuple[dict, dict, dict]:
+def _running(variables, hostvars) -> tuple[dict, dict, dict, dict]:
     """(host -> the text of its record of the layout it runs, unit -> seconds its last
-    start took, unit -> what its process runs: python and model_commit) from the hosts'
-    reads (playbooks/tasks/plan.yml: _pdnode_running, the layout_read module's answer),
-    for the hosts that have a record."""
-    found, started, processes = {}, {}, {}
+    start took, unit -> what its process runs: python and model_commit, host -> the units
+    of the prefix it runs that its record does not name) from the hosts' reads
+    (playbooks/tasks/plan.yml: _pdnode_running, the layout_read module's answer), for the
+    hosts that have a record."""
+    found, started, processes, strangers = {}, {}, {}, {}
     for name, hv in ((h, hostvars[h]) for h in hostvars) if hostvars is not None else (("", variables),):
         read = hv.get("_pdnode_running") if hasattr(hv, "get") else None
         if isinstance(read, Mapping) and read.get("content"):
@@ -63,7 +64,8 @@ def _running(variables, hostvars) -> tuple[dict, dict, dict]:
             for unit, state in (read.get("units") or {}).items():
                 if isinstance(state, Mapping) and (state.get("python") or unit not in processes):
                     processes[str(unit)] = {k: state.get(k) for k in ("python", "model_commit")}
-    return found, started, processes
+            strangers[str(name)] = [str(u) for u in read.get("strangers") or []]
+    return found, started, processes, strangers
 
 
 def pdnode_node_read(plan, read, router) -> dict:
@@ -84,12 +86,14 @@ def pdnode_restart_refusal(plan, ids) -> str:
     return cost.restart_refusal(plan, list(ids)) or ""
 
 
-def pdnode_layout_record_path(variables) -> str:
-    """Where the deploy records the layout a host runs (the plan's change.record_file)."""
+def pdnode_layout_read_spec(variables) -> dict:
+    """The layout_read module's options for a host: where the deploy records the layout it
+    runs (the plan's change.record_file) and the units' prefix; both "" for a prefix the
+    plan refuses (in one line; nothing is read before)."""
     prefix = variables.get("pdnode_service_prefix") or BY_NAME["pdnode_service_prefix"].default
     if not isinstance(prefix, str) or not re.fullmatch(r"[a-z][a-z0-9-]{0,39}", prefix):
-        return ""  # the plan refuses the prefix, in one line; nothing is read before
-    return f"{applied_dir(prefix)}/{identity.RECORD_FILE}"
+        return {"path": "", "prefix": ""}
+    return {"path": f"{applied_dir(prefix)}/{identity.RECORD_FILE}", "prefix": prefix}
 
 
 def pdnode_plan(variables, host: str = "node", hostvars=None, model_lock=None, inventory_dir=None) -> dict:
@@ -151,6 +155,6 @@ class FilterModule:
                 "pdnode_change_measured": pdnode_change_measured,
                 "pdnode_exec_line": pdnode_exec_line, "pdnode_role_value_problem": pdnode_role_value_problem,
                 "pdnode_key_file_problem": pdnode_key_file_problem,
-                "pdnode_layout_record_path": pdnode_layout_record_path, "pdnode_node_read": pdnode_node_read,
+                "pdnode_layout_read_spec": pdnode_layout_read_spec, "pdnode_node_read": pdnode_node_read,
                 "pdnode_restart_refusal": pdnode_restart_refusal,
                 "pdnode_role_value_problems": pdnode_role_value_problems}

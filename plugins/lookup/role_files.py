@@ -50,7 +50,7 @@ _raw:
 
 # The header of a file whose text the plan gives (header: true), as the role's templates open
 HEADER = "{{ ansible_managed | comment }}\n"
-MODULE_KEYS = ("path", "content", "mode", "owner", "group", "roles", "unit", "validate", "digest")
+MODULE_KEYS = ("path", "content", "mode", "owner", "group", "roles", "unit", "validate", "digest", "converged")
 
 
 class LookupModule(LookupBase):

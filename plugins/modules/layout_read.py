@@ -15,12 +15,18 @@ description:
     inactive state to entering the active one, after ExecStartPost, the unit's readiness
     gate). The plan names the instances after the record and predicts a change's windows
     from those measured starts.
+  - With a record, the units of O(prefix) that systemd runs here and the record does not
+    name (RV(strangers)): the plan refuses to change a node that runs what it does not know.
   - Read-only; it answers the same in check mode. A missing record answers content null.
 options:
   path:
     description: The record's absolute path on the host.
     type: path
     required: true
+  prefix:
+    description: The units' prefix (pdnode_service_prefix); without it no unit is listed.
+    type: str
+    default: ""
 author: pdnode
 """
 
@@ -28,6 +34,7 @@ EXAMPLES = r"""
 - name: Read the layout the node runs
   pdnode.sglang_pd.layout_read:
     path: /var/lib/pdnode/applied/sglang-pd/layout.json
+    prefix: sglang-pd
   register: _pdnode_running
 """
 
@@ -45,6 +52,13 @@ units:
       environment), for pdnode status.
   returned: always
   type: dict
+strangers:
+  description:
+    - Service units C(<prefix>-*.service) active (or starting, reloading, stopping) here that
+      the record does not name, sorted; empty without a record.
+  returned: always
+  type: list
+  elements: str
 """
 
 import json
@@ -90,17 +104,30 @@ def process(pid: str) -> dict[str, str | None]:
             "model_commit": commit.decode("utf-8", "replace") if commit else None}
 
 
+def running_units(module: AnsibleModule, systemctl: str, prefix: str) -> list[str]:
+    """The service units PREFIX-*.service systemd runs here (active or on their way in or out)."""
+    rc, out, _ = module.run_command([systemctl, "list-units", "--all", "--plain", "--no-legend", "--no-pager",
+                                     "--type=service", "--", f"{prefix}-*.service"], expand_user_and_vars=False)
+    if rc != 0:
+        return []
+    return sorted(line.split()[0] for line in out.splitlines()
+                  if len(line.split()) >= 3 and line.split()[2] in ("active", "activating", "reloading", "deactivating"))
+
+
 def main() -> None:
-    module = AnsibleModule(argument_spec={"path": {"type": "path", "required": True}}, supports_check_mode=True)
+    module = AnsibleModule(argument_spec={"path": {"type": "path", "required": True},
+                                          "prefix": {"type": "str", "default": ""}}, supports_check_mode=True)
     try:
         with open(module.params["path"], encoding="utf-8") as fh:
             content = fh.read()
     except FileNotFoundError:
-        module.exit_json(changed=False, content=None, started={}, units={})
+        module.exit_json(changed=False, content=None, started={}, units={}, strangers=[])
     except OSError as exc:
         module.fail_json(msg=f"{module.params['path']}: cannot read the node's layout record: {exc.strerror}")
     try:
-        units = sorted({e["unit"] for e in json.loads(content)["engines"].values()})
+        doc = json.loads(content)
+        # both layouts of a change whose steps had not all run (``from``)
+        units = sorted({e["unit"] for part in (doc["engines"], doc.get("from") or {}) for e in part.values()})
     except (ValueError, TypeError, KeyError, AttributeError):
         units = []  # the plan says what is wrong with it, in one line
     started, states = {}, {}
@@ -118,7 +145,9 @@ def main() -> None:
                                     "started_s": seconds.get(i),
                                     **(process(values["MainPID"]) if values.get("MainPID", "0") != "0"
                                        else {"python": None, "model_commit": None})}
-    module.exit_json(changed=False, content=content, started=started, units=states)
+    strangers = [u for u in running_units(module, systemctl, module.params["prefix"]) if u not in units] \
+        if units and systemctl and module.params["prefix"] else []
+    module.exit_json(changed=False, content=content, started=started, units=states, strangers=strangers)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,14 @@ options:
             content reaches the running service another way (the router's worker list, through
             its admin API). The file is written with its full content all the same.
         type: str
+      converged:
+        description:
+          - Its content once the handlers have run (the layout record, whose O(files[].content)
+            names the layout its change starts from until the change's steps are done). While
+            the file's content is not this one the call reports a change (RV(unfinished)), so
+            that the handlers run again after an interrupted run; the call with O(record)
+            writes it.
+        type: str
   secrets:
     description:
       - Files that hold a secret (the API key), written like O(files) with O(files[].secret);
@@ -116,7 +124,9 @@ options:
     description: Root-only directory of the records C(<role>.sha256); without it no role is found stale.
     type: path
   record:
-    description: Record these roles' current digests (after they restarted) and write nothing else.
+    description:
+      - Record these roles' current digests (after they restarted), write each file's
+        O(files[].converged) content where it differs, and write nothing else.
     type: list
     elements: str
   remove:
@@ -214,6 +224,13 @@ orphans:
       and removed; C(running), engine units systemd runs that the plan does not; C(stop), both,
       to stop; C(any), whether there is one.
   type: dict
+  returned: always
+unfinished:
+  description:
+    - Files whose content is not yet their O(files[].converged) one (a layout change whose
+      steps have not all run); the call then reports a change.
+  type: list
+  elements: str
   returned: always
 restart:
   description:
@@ -471,6 +488,28 @@ def restart_plan(rule, stale, release_changed=False, router_venv_changed=False):
             "record": record}
 
 
+def _write_converged(module, spec):
+    """Replace SPEC's file by its converged content, atomically, with its mode and owners."""
+    path = spec["path"]
+    try:
+        uid, gid = pwd.getpwnam(spec["owner"]).pw_uid, grp.getgrnam(spec["group"]).gr_gid
+    except KeyError as exc:
+        module.fail_json(msg=f"{path}: unknown owner or group ({exc})")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=TMP_PREFIX, suffix=TMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(spec["converged"].encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chown(tmp, uid, gid)
+        os.chmod(tmp, int(spec["mode"], 8))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _fsync_dir(os.path.dirname(path))
+
+
 def _validate(module, staged, unit_dir):
     """Run every validator (argv, no shell); one line per failure, naming the file."""
     failures = []
@@ -510,6 +549,7 @@ def main():
                 "roles": {"type": "list", "elements": "str", "default": []},
                 "unit": {"type": "bool", "default": False},
                 "digest": {"type": "str"},
+                "converged": {"type": "str"},
             }},
             "secrets": {"type": "list", "elements": "dict", "default": [], "options": {
                 "path": {"type": "path", "required": True},
@@ -586,15 +626,21 @@ def main():
         unknown = sorted(set(p["record"]) - set(roles))
         if unknown:
             module.fail_json(msg=f"record: unknown roles {unknown} (known: {roles})")
-        if module.check_mode or not p["record"]:
+        finished = [s for s in specs if s.get("converged") is not None and _read(s["path"]) != s["converged"].encode()]
+        if module.check_mode or not (p["record"] or finished):
             module.exit_json(changed=False, changed_paths=[], restart_roles=[], daemon_reload=False, recorded=[],
-                             disabled=[], orphans=gone, restart=NO_RESTART)
-        sources = [(s["path"], s["roles"], _counted(s, _read(s["path"]))) for s in specs] \
-            + _input_sources(p["inputs"], listed)
-        digests = _digests(sources, roles)
-        _write_records(p["applied_dir"], {r: digests[r] for r in p["record"]})
-        module.exit_json(changed=True, changed_paths=[], restart_roles=[], daemon_reload=False,
-                         recorded=sorted(p["record"]), disabled=[], orphans=gone, restart=NO_RESTART)
+                             disabled=[], orphans=gone, restart=NO_RESTART, unfinished=[])
+        if p["record"]:
+            sources = [(s["path"], s["roles"], _counted(s, _read(s["path"]))) for s in specs] \
+                + _input_sources(p["inputs"], listed)
+            digests = _digests(sources, roles)
+            _write_records(p["applied_dir"], {r: digests[r] for r in p["record"]})
+        # Last, once the restarts are recorded: the change's steps are done.
+        for spec in finished:
+            _write_converged(module, spec)
+        module.exit_json(changed=True, changed_paths=[s["path"] for s in finished], restart_roles=[],
+                         daemon_reload=False, recorded=sorted(p["record"]), disabled=[], orphans=gone,
+                         restart=NO_RESTART, unfinished=[])
 
     plan, diffs = [], []
     for spec in specs:
@@ -691,9 +737,13 @@ def main():
     changed_paths = [item["path"] for item in plan if item["write"]] + removed + records
     answer = restart_plan(p["restart"], restart, p["release_changed"], p["router_venv_changed"]) \
         if p["restart"] is not None else NO_RESTART
-    module.exit_json(changed=bool(changed_paths or restart or reload_ or disabled), changed_paths=changed_paths,
-                     restart_roles=restart, daemon_reload=reload_, recorded=[], disabled=disabled, diff=diffs,
-                     orphans=gone, restart=answer)
+    # A file not yet at its converged content: a change whose steps have not all run (this
+    # run's, or an interrupted one's): changed, so that the handlers take them and finish it.
+    unfinished = [item["path"] for item in plan if item["spec"].get("converged") is not None
+                  and item["want"] != item["spec"]["converged"].encode()]
+    module.exit_json(changed=bool(changed_paths or restart or reload_ or disabled or unfinished),
+                     changed_paths=changed_paths, restart_roles=restart, daemon_reload=reload_, recorded=[],
+                     disabled=disabled, diff=diffs, orphans=gone, restart=answer, unfinished=unfinished)
 
 
 if __name__ == "__main__":

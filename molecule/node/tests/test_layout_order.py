@@ -19,6 +19,7 @@ plan reads), healthy.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -220,3 +221,60 @@ def test_1p2d_to_2p1d_is_refused_before_anything_stops_and_runs_with_the_overrid
     # Not shorter than predicted by more than 30 % (a busy machine only lengthens the steps;
     # the ratio itself is a benchmark: docs/measurements.md, "A layout change in order").
     assert measured >= 0.7 * predicted, (measured, predicted)
+
+
+@pytest.mark.day2
+def test_a_unit_the_record_does_not_name_is_refused_and_nothing_stops(host, inventories):
+    """An engine unit of the prefix started by hand (here a transient one): the deploy names
+    it in one line and changes nothing; stopped, the same deploy runs."""
+    start_from(host, inventories["2p2d"], "to 2P2D")
+    before = {i: pid(host, i) for i in ("prefill-0", "prefill-1", "decode-0", "decode-1")}
+    stray = f"{PREFIX}-decode-9.service"
+    host.run_expect([0], f"systemd-run --unit={stray} --property=RemainAfterExit=no sleep 600")
+    try:
+        rc, preview = diff(inventories["2p2d"])
+        assert rc == 1 and stray in (preview["refusal"] or ""), preview
+        refused = deploy(inventories["2p2d"], "2P2D with a unit started by hand (refused)")
+        out = refused.stdout + refused.stderr
+        lines = [line for line in out.splitlines() if "the deploy does not stop what it did not start" in line]
+        assert refused.returncode != 0 and lines and stray in lines[0], out[-3000:]
+        assert {i: pid(host, i) for i in before} == before and host.service(stray).is_running
+        assert "changed=0" in out.split("PLAY RECAP")[-1]
+    finally:
+        host.run(f"systemctl stop {stray}")
+    again = deploy(inventories["2p2d"], "2P2D once it stopped")
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert {i: pid(host, i) for i in before} == before
+
+
+@pytest.mark.day2
+def test_an_interrupted_change_is_taken_again_and_another_layout_waits_for_it(host, inventories):
+    """2P2D -> 3P1D killed (the controller's whole process group) as its steps begin: the
+    record still names where the change started; a deploy of another layout is refused in
+    one line; the same deploy again takes the steps and the record converges."""
+    start_from(host, inventories["2p2d"], "to 2P2D")
+    proc = subprocess.Popen(["ansible-playbook", "-i", str(inventories["3p1d"]), str(REPO / "playbooks" / "deploy.yml")],
+                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
+    seen = ""
+    for line in proc.stdout:
+        seen += line
+        if "RUNNING HANDLER [pdnode.sglang_pd.pd_services : Stop the replaced engines and restart the changed" \
+                in line:
+            break
+    os.killpg(proc.pid, 9)
+    proc.wait(timeout=60)
+    assert "Stop the replaced engines and restart the changed ones" in seen, seen[-3000:]
+    unfinished = record(host)
+    assert set(unfinished["from"]) == {"prefill-0", "prefill-1", "decode-0", "decode-1"}, unfinished
+    other = deploy(inventories["1p2d"], "1P2D while 2P2D -> 3P1D is unfinished (refused)", *ALLOW_UNAVAILABLE)
+    out = other.stdout + other.stderr
+    assert other.returncode != 0 and "an earlier deploy was interrupted" in out, out[-3000:]
+    assert "changed=0" in out.split("PLAY RECAP")[-1]
+    again = deploy(inventories["3p1d"], "2P2D -> 3P1D again")
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert "from" not in record(host) and set(record(host)["engines"]) == {"prefill-0", "prefill-1", "prefill-2",
+                                                                           "decode-1"}
+    assert set(wait_recorded_workers(host)) == {e["worker"]["url"] for e in record(host)["engines"].values()}
+    assert not host.service(f"{PREFIX}-decode-0.service").is_running
+    settled = deploy(inventories["3p1d"], "3P1D, nothing to change")
+    assert settled.returncode == 0 and "changed=0" in settled.stdout.split("PLAY RECAP")[-1], settled.stdout[-3000:]

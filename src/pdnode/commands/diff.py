@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.change import layout_change as lc
+from ..core.change.cost import ACCEPT_WINDOW
 from ..core.exits import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK
 from ..core.inventory.read import InventoryError, inventory_dirs, inventory_variables
 from ..core.plan.build import PlanError, build_plan
@@ -68,7 +69,7 @@ def _plans(inventory: str, running: dict[str, str] | None = None) -> dict[str, A
 def from_inventories(old_inv: str, new_inv: str) -> dict[str, Any]:
     """The change from a node that runs OLD_INV (as a deploy from scratch named it) to NEW_INV."""
     old = _plans(old_inv)
-    record = json.dumps(next(iter(old.values())).change["record"])
+    record = json.dumps(next(iter(old.values())).change["converged"])
     new = _plans(new_inv, {host: record for host in old})
     return next(iter(new.values())).change
 
@@ -114,8 +115,11 @@ def report(change: dict[str, Any], source: str, target: str) -> tuple[dict[str, 
         "steps": [{"step": i + 1, "action": s["kind"], "instance": s["id"], "was": s["was"], "label": s["label"],
                    "serving_after": s["serving"], "at_zero": s["at_zero"]} for i, s in enumerate(change["steps"])],
         "windows": change["windows"],
+        # what the deploy refuses this change for (a window, units the record does not name,
+        # an unfinished earlier change), in its one line; None where it would run
+        "refusal": change.get("refusal"),
     }
-    return doc, not change["windows"]
+    return doc, not change["windows"] and not doc["refusal"]
 
 
 def _gpus(pairs: list[list[Any]]) -> str:
@@ -145,9 +149,11 @@ def text(doc: dict[str, Any]) -> str:
         secs = f"~{w['expected_s']:.0f} s" if w["expected_s"] is not None else "unknown"
         lines.append(f"  window: no {w['role']} serves during step(s) {', '.join(map(str, w['steps']))}: {secs} "
                      f"({w['source']}); no order of these steps avoids it: the deploy refuses it unless "
-                     "-e pdnode_allow_unavailable=true")
+                     f"-e '{ACCEPT_WINDOW}'")
     if not doc["windows"]:
         lines.append("  every step keeps a prefill and a decode serving")
+    if doc["refusal"]:
+        lines.append(f"  the deploy refuses it: {doc['refusal']}")
     return "\n".join(lines)
 
 

@@ -84,50 +84,94 @@ def where(entry: Entry) -> tuple[tuple[str, int], ...]:
 
 
 def record(engines: Iterable[Entry], workers: Mapping[str, dict[str, Any]],
-           reserved: Mapping[str, Iterable[int]], runs: Mapping[str, str | None]) -> dict[str, Any]:
+           reserved: Mapping[str, Iterable[int]], runs: Mapping[str, str | None],
+           before: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The record of a layout (every host's engines): what the next plan reads back.
-    RUNS: what they all run beyond their keys (RUNS_KEYS)."""
+    RUNS: what they all run beyond their keys (RUNS_KEYS). BEFORE: while a change's steps
+    run, the recorded engines it changes from (``from``); the deploy writes the record
+    without it once they are done (``converged``)."""
     out = {}
     for e in engines:
         out[e.id] = {"role": e.role, "name": e.name, "gpus": [list(p) for p in where(e)], "shape": shape(e),
                      "ports": {k: getattr(e, k) for k in PORT_KEYS if getattr(e, k) is not None},
                      "reserved": sorted(set(reserved.get(e.id, ()))), "worker": workers[e.id],
                      "unit": workers[e.id]["unit"], "runs": {k: runs.get(k) for k in RUNS_KEYS}}
-    return {"schema": SCHEMA, "engines": out}
+    doc: dict[str, Any] = {"schema": SCHEMA, "engines": out}
+    if before is not None:
+        doc["from"] = dict(before)
+    return doc
 
 
-def _parse(host: str, text: str) -> dict[str, Running]:
+def converged(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The record once its change's steps are done: the same, without ``from``."""
+    return {k: v for k, v in doc.items() if k != "from"}
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the hosts recorded: the layout the last deploy converged on, or was changing to
+    (``engines``); while that deploy's steps had not all run (it was interrupted), the
+    layout it was changing from (``before``). ``doc``: the record as written."""
+
+    engines: dict[str, Running]
+    before: dict[str, Running] | None
+    doc: dict[str, Any]
+
+    @property
+    def running(self) -> dict[str, Running]:
+        """What the next change starts from: after an unfinished change, the layout it
+        started from (its steps are taken again, in their order), else the recorded one."""
+        return self.before if self.before is not None else self.engines
+
+    @property
+    def running_doc(self) -> dict[str, Any]:
+        """``running``'s engines as written: the ``from`` of a change starting from it."""
+        return self.doc["from"] if self.before is not None else self.doc["engines"]
+
+    @property
+    def units(self) -> set[str]:
+        """Every engine unit the record names (both layouts of an unfinished change)."""
+        return {r.unit for r in (*self.engines.values(), *(self.before or {}).values())}
+
+
+def _engines(entries: Mapping[str, Any]) -> dict[str, Running]:
+    return {iid: Running(iid, e["role"], e["name"], tuple((str(h), int(g)) for h, g in e["gpus"]), e["shape"],
+                         {k: int(p) for k, p in e["ports"].items()}, tuple(int(p) for p in e["reserved"]),
+                         dict(e["worker"]), e["unit"],
+                         {k: (None if v is None else str(v)) for k, v in (e.get("runs") or {}).items() if k in RUNS_KEYS})
+            for iid, e in entries.items()}
+
+
+def _parse(host: str, text: str) -> Record:
     try:
         doc = json.loads(text)
         if doc.get("schema") != SCHEMA:
             raise ValueError(f"schema {doc.get('schema')!r}, not {SCHEMA}")
-        return {iid: Running(iid, e["role"], e["name"], tuple((str(h), int(g)) for h, g in e["gpus"]), e["shape"],
-                             {k: int(p) for k, p in e["ports"].items()}, tuple(int(p) for p in e["reserved"]),
-                             dict(e["worker"]), e["unit"],
-                             {k: (None if v is None else str(v)) for k, v in (e.get("runs") or {}).items()
-                              if k in RUNS_KEYS})
-                for iid, e in doc["engines"].items()}
+        before = doc.get("from")
+        return Record(_engines(doc["engines"]), None if before is None else _engines(before), doc)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise RecordError(f"{host}:{RECORD_FILE}", f"the record of what the node runs is unreadable ({exc})",
                           "remove it (the deploy then names instances by their index)") from None
 
 
-def read(found: Mapping[str, str | None]) -> dict[str, Running] | None:
-    """host -> its record's text (None: it has none) -> the running layout (None: no host
-    has a record). Hosts whose records differ ran different layouts: an earlier deploy
-    stopped between them; refused rather than guessed."""
+def read(found: Mapping[str, str | None]) -> Record | None:
+    """host -> its record's text (None: it has none) -> what the hosts recorded (None: no
+    host has a record). Hosts that recorded different layouts: an earlier deploy stopped
+    between them; refused rather than guessed. Hosts of one layout where some finished its
+    change and some did not (``from``): the change is unfinished."""
     parsed = {h: _parse(h, text) for h, text in sorted(found.items()) if text}
     if not parsed:
         return None
     hosts = list(parsed)
     first = parsed[hosts[0]]
+    befores = {json.dumps(r.doc["from"], sort_keys=True): r for r in parsed.values() if r.before is not None}
     for h in hosts[1:]:
-        if parsed[h] != first:
+        if parsed[h].doc["engines"] != first.doc["engines"] or len(befores) > 1:
             raise RecordError(
                 f"{h}:{RECORD_FILE}", f"differs from {hosts[0]}'s: the hosts recorded different layouts (an earlier "
                 "deploy stopped between them)", f"deploy the layout they last ran to every host of it, or remove "
                 f"{RECORD_FILE} from the one that is behind")
-    return first
+    return next(iter(befores.values()), first)
 
 
 def adopt(engines: list[Entry], running: Mapping[str, Running] | None) -> list[str]:
@@ -238,5 +282,6 @@ def node_answer(plan: Mapping[str, Any], read: Mapping[str, Any] | None,
             listed = json.loads(lines[-1]).get("listed")
         except ValueError:
             listed = None
-    return {"host": plan["host"], "change": {k: change.get(k) for k in ("by", "notes", "steps", "windows", "record")},
+    keys = ("by", "notes", "steps", "windows", "record", "strangers", "refusal")
+    return {"host": plan["host"], "change": {k: change.get(k) for k in keys},
             "units": dict((read or {}).get("units") or {}), "router": listed, "router_host": "router" in plan["services"]}

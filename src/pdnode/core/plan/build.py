@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -29,6 +29,7 @@ from ..rules.ports import BASES, allocate, reserved_ports
 from ..change import cost as change_cost
 from ..change import identity, window
 from .schema import SCHEMA_ID
+from .roles.pd_services import ENGINE_UNIT
 from .roles.views import views
 
 MODEL_KINDS = ("moe_mla", "moe", "dense")
@@ -307,7 +308,8 @@ def build_plan(variables: dict[str, Any], host: str = "node",
                inventory: Mapping[str, Mapping[str, Any]] | None = None, inventory_dir: str | None = None,
                model_lock: dict[str, Any] | None = None, running: Mapping[str, str | None] | None = None,
                started: Mapping[str, float] | None = None,
-               processes: Mapping[str, Mapping[str, str | None]] | None = None) -> Plan:
+               processes: Mapping[str, Mapping[str, str | None]] | None = None,
+               strangers: Mapping[str, Iterable[str]] | None = None) -> Plan:
     """Validate a node description and derive the plan of ``host``; raise PlanError with
     all problems. ``inventory`` maps every inventory host to its variables (only the
     hosts a multi-host layout names are read: their address and layout description);
@@ -317,7 +319,8 @@ def build_plan(variables: dict[str, Any], host: str = "node",
     None or all None: none, instances are named by their index); ``started``: unit -> seconds
     its last start took on the node (systemd's record), for a change's windows;
     ``processes``: unit -> what its process runs now (python, model_commit: the
-    layout_read module's), so that a new release or model commit restarts count."""
+    layout_read module's), so that a new release or model commit restarts count;
+    ``strangers``: host -> the units of the prefix it runs that its record does not name."""
     c = _Checker(variables)
     _deferred(c)
     if c.problems:  # what the value is, is not known: the rest would judge a template's text
@@ -422,10 +425,11 @@ def build_plan(variables: dict[str, Any], host: str = "node",
         fixed["model.share_port"] = ("pdnode_model_share_port", v["pdnode_model_share_port"])
     # What the node runs names the instances that stay (issue 45), before ports are given.
     try:
-        now_running = identity.read(running or {})
+        recorded = identity.read(running or {})
     except identity.RecordError as exc:
         c.error("layout-record-readable", exc.where, None, exc.problem, exc.fix)
-        now_running = None
+        recorded = None
+    now_running = recorded.running if recorded is not None else None
     notes = identity.adopt(engines, now_running) if not c.problems else []
     ports = allocate(c, engines, fixed, identity.avoid_ports(now_running, engines))
     for name in ("pdnode_router_port", "pdnode_router_metrics_port") + (("pdnode_model_share_port",) if sharing else ()):
@@ -446,7 +450,8 @@ def build_plan(variables: dict[str, Any], host: str = "node",
         # engine by the deploy's drain-and-restart, as a changed argument does.
         for svc in plan.engines():
             svc["environment"]["PDNODE_MODEL_COMMIT"] = plan.model["commit"]
-    plan.change = _change(v, engines, now_running, notes, plan, model or {}, started or {}, processes or {})
+    plan.change = _change(v, engines, recorded, notes, plan, model or {}, started or {}, processes or {},
+                          strangers or {})
     if "router" in plan.services:
         # The router package decides whether it starts with these arguments: ask it (the
         # plan's argv, the keys the launcher adds), once everything else holds.
@@ -740,9 +745,10 @@ def _derive(v: dict[str, Any], engines: list[Instance], ib_map: dict[int, str], 
                 cluster=everywhere, firewall=cluster.firewall(layout, services, ports, env_common), warnings=warnings)
 
 
-def _change(v: dict[str, Any], engines: list[Instance], running: Mapping[str, identity.Running] | None,
+def _change(v: dict[str, Any], engines: list[Instance], recorded: identity.Record | None,
             notes: list[str], plan: Plan, model: dict[str, Any], started: Mapping[str, float],
-            processes: Mapping[str, Mapping[str, str | None]]) -> dict[str, Any]:
+            processes: Mapping[str, Mapping[str, str | None]],
+            strangers: Mapping[str, Iterable[str]]) -> dict[str, Any]:
     """The change from what the node runs to this layout (pdnode.core.change.identity and
     layout_change): its steps in order, the roles a step leaves at zero and for how long
     (pdnode.core.change.window, from the node's measured starts where it has them): a
@@ -751,17 +757,26 @@ def _change(v: dict[str, Any], engines: list[Instance], running: Mapping[str, id
     running instances it stops (for the deploy), and the record the deploy writes. A step
     that leaves a role at zero is the ``refusal`` (a Problem's line, None without one or
     with pdnode_allow_unavailable): deploy.yml and upgrade.yml refuse it before anything
-    changes; the playbooks that change no layout (verify, restart, collect) plan anyway."""
+    changes; the playbooks that change no layout (verify, restart, collect) plan anyway.
+    So are a change while an earlier deploy's change is unfinished to another layout, and
+    units of the prefix the node runs that neither its record nor this layout names
+    (STRANGERS): the deploy does not guess what they are."""
     runs = {"python": plan.install["python"], "model_commit": plan.model.get("commit")}
-    record = identity.record(engines, plan.cluster["engines"], {e.id: reserved_ports(e) for e in engines}, runs)
+    running = recorded.running if recorded is not None else None
+    reserved = {e.id: reserved_ports(e) for e in engines}
+    record = identity.record(engines, plan.cluster["engines"], reserved, runs)
     doc: dict[str, Any] = {"by": "index" if running is None else "record", "notes": notes, "record": record,
-                           "record_file": f"{plan.install['applied_dir']}/{identity.RECORD_FILE}",
-                           "steps": [], "windows": [], "stops": {}, "refusal": None}
+                           "converged": record, "record_file": f"{plan.install['applied_dir']}/{identity.RECORD_FILE}",
+                           "steps": [], "windows": [], "stops": {}, "strangers": {}, "refusal": None}
     restarting = identity.runs_changed(running, engines, runs, processes)
     found = identity.change(running, engines, restarting)
-    if found is None:
+    if found is None or recorded is None:
         return doc
     _, steps = found
+    if steps.steps:
+        # Until its steps are done, the record says where the change started: a rerun
+        # after an interruption takes them again (pd_services writes ``converged`` after).
+        doc["record"] = identity.record(engines, plan.cluster["engines"], reserved, runs, recorded.running_doc)
     by_id = {e.id: e for e in engines}
     units = {iid: e["unit"] for iid, e in plan.cluster["engines"].items()}
 
@@ -798,11 +813,42 @@ def _change(v: dict[str, Any], engines: list[Instance], running: Mapping[str, id
                                    "hosts": sorted({h for h, _ in running[s.action.old].gpus}),
                                    "worker": running[s.action.old].worker}
                     for s in steps.steps if s.action.kind == "stop"}
+    known = recorded.units | {e["unit"] for e in plan.cluster["engines"].values()}
+    engine_unit = re.compile(f"{re.escape(v['pdnode_service_prefix'])}-{ENGINE_UNIT}")
+    doc["strangers"] = {h: sorted(u for u in units_there if engine_unit.fullmatch(u) and u not in known)
+                        for h, units_there in sorted(strangers.items())}
+    doc["strangers"] = {h: us for h, us in doc["strangers"].items() if us}
+    doc["refusal"] = _change_refusal(v, doc, recorded, restarting)
+    return doc
+
+
+def _change_refusal(v: dict[str, Any], doc: dict[str, Any], recorded: identity.Record,
+                    restarting: Mapping[str, str]) -> str | None:
+    """The first reason the deploy does not start the change (deploy.yml and upgrade.yml
+    assert it), in one line: engine units the plan cannot place, an unfinished change to
+    another layout, a step that leaves a role with no instance serving (unless accepted)."""
+    record_file = doc["record_file"]
+    for host, units in doc["strangers"].items():
+        return str(Problem(
+            "layout-record-names-what-runs", "pdnode_service_prefix", ", ".join(units),
+            f"{host} runs {len(units)} engine unit(s) of the prefix that neither its record of the layout ({record_file}) "
+            "nor this inventory names (started by hand, or by a deploy of another inventory with the same prefix); the "
+            "deploy does not stop what it did not start; nothing was stopped",
+            f"stop and disable them on {host} (systemctl disable --now {units[0]}), or deploy the inventory that runs "
+            f"them; or remove {record_file} (the deploy then stops every engine unit of the prefix it does not plan)"))
+    if recorded.before is not None and doc["record"]["engines"] != recorded.doc["engines"]:
+        was = ", ".join(sorted(recorded.engines))
+        return str(Problem(
+            "layout-change-finishes-first", "pdnode_prefill_instances", was,
+            f"an earlier deploy was interrupted while it changed the node to the layout of {was} (its record "
+            f"{record_file} still names the layout it started from): the node may run parts of both; nothing was "
+            "stopped", "finish that change first (run the deploy again with the inventory it had), then deploy "
+            f"this one; or remove {record_file} (the deploy then names instances by their index)"))
     if doc["windows"] and not v["pdnode_allow_unavailable"]:
         w = min(doc["windows"], key=lambda w: w["steps"][0])  # the first step that leaves a role at zero
         first = doc["steps"][w["steps"][0] - 1]
         secs = f"about {w['expected_s']:.0f} s" if w["expected_s"] is not None else "a window of unknown length"
-        doc["refusal"] = str(Problem(
+        return str(Problem(
             "layout-change-keeps-serving", f"pdnode_{w['role']}_instances", first["id"],
             f"no order of this change keeps a {w['role']} serving: step {w['steps'][0]} ({first['label']}) "
             f"leaves none for {secs} ({w['source']}); nothing was stopped",
@@ -811,7 +857,7 @@ def _change(v: dict[str, Any], engines: list[Instance], running: Mapping[str, id
              f"keep one {w['role']} on the GPUs and keys it runs with (or name it), add one the running ones "
              "leave room for")
             + f", or accept the window with -e '{change_cost.ACCEPT_WINDOW}' (`pdnode diff INVENTORY` shows the steps)"))
-    return doc
+    return None
 
 
 def _cluster(v: dict[str, Any], engines: list[Instance], layout: cluster.Layout) -> dict[str, Any]:

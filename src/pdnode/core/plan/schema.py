@@ -201,6 +201,7 @@ class RoleFile(TypedDict):
     template: str | None
     service: str | None
     header: bool  # content given: the ansible_managed comment goes before it (role_files)
+    converged: str | None  # the content once the handlers have run (the layout record after its change's steps)
 
 
 class SecretFile(TypedDict):
@@ -481,12 +482,14 @@ class Change(TypedDict):
     """The change from what the node runs (its record) to this layout (pdnode.core.change.identity)."""
     by: Literal["record", "index"]  # instances named after the node's record, or by their index (no record)
     notes: list[str]  # instances the record named otherwise than their index
-    record: dict[str, Any]  # what the deploy records (pdnode.layout/1)
+    record: dict[str, Any]  # what the deploy records (pdnode.layout/1; with "from" while its steps run)
+    converged: dict[str, Any]  # the record once the change's steps are done
     record_file: str
     steps: list[ChangeStep]
     windows: list[ChangeWindow]
     stops: dict[str, ChangeStop]  # the running instances it stops
-    refusal: str | None  # a step leaves a role at zero (not accepted): the line deploy and upgrade refuse with
+    strangers: dict[str, list[str]]  # host -> engine units it runs that neither the record nor the plan names
+    refusal: str | None  # the line deploy and upgrade refuse with (units not named, an unfinished change, a window)
 
 
 class PlanDoc(TypedDict):

@@ -85,6 +85,10 @@ RULES: tuple[Rule, ...] = (
          "records agree"),
     Rule("layout-change-keeps-serving", "error", "a change from the running layout leaves no role without an "
          "instance serving, or `pdnode_allow_unavailable` accepts the window"),
+    Rule("layout-record-names-what-runs", "error", "every engine unit of the prefix a host runs is named by its "
+         "record of the layout or by the inventory: the deploy does not stop what it did not start"),
+    Rule("layout-change-finishes-first", "error", "an earlier deploy's change that was interrupted is finished (the "
+         "same inventory again) before a change to another layout begins"),
     Rule("drain-timeout-positive", "error", "`pdnode_drain_timeout_s` is at least 1"),
     Rule("sim-value-range", "error", "a stand-in knob (`pdnode_sim_*`) is a time of 0 or more, or a count of 1 "
          "or more"),

@@ -41,14 +41,15 @@ def _unit_path(unit: str) -> str:
 def _file(managed: dict[str, dict[str, Any]], path: str, kind: str, *, readers: list[str] | None = None,
           content: str | None = None, template: str | None = None, service: str | None = None,
           unit: bool = False, validate: list[str] | None = None, digest: str | None = None,
-          header: bool = False) -> dict[str, Any]:
+          header: bool = False, converged: str | None = None) -> dict[str, Any]:
     """One file as pd_services_files takes it (content, or the role's template that renders
     it), with the mode and owners of the plan's managed paths: a path it does not list is a
     defect of this module, not of the inventory."""
     if path not in managed:
         raise KeyError(f"{path} is not among the plan's managed paths (pdnode.core.plan.managed)")
     return {**_owned(managed[path]), "kind": kind, "roles": readers, "unit": unit, "validate": validate,
-            "digest": digest, "content": content, "template": template, "service": service, "header": header}
+            "digest": digest, "content": content, "template": template, "service": service, "header": header,
+            "converged": converged}
 
 
 def environment_text(environment: dict[str, str]) -> str:
@@ -167,8 +168,11 @@ def files(plan: dict[str, Any], managed: dict[str, dict[str, Any]]) -> list[dict
     change = plan.get("change")
     if change:
         # What the node runs, for the next plan (pdnode.core.change.identity): read by no service.
+        # While the change's steps run, it names the layout they start from; the handlers
+        # write the converged record after them (pd_services_files: ``converged``).
         out.append(_file(managed, change["record_file"], "state", readers=[],
-                         content=nice_json(change["record"]) + "\n"))
+                         content=nice_json(change["record"]) + "\n",
+                         converged=nice_json(change["converged"]) + "\n"))
     served = plan["settings"]["pdnode_model_served_name"]
     out.append(_file(managed, _unit_path(install["target"]), "unit", header=True, unit=True,
                      content=target_text([svc["unit"] for svc in services.values()], served),
