@@ -329,7 +329,7 @@ def test_restart_refuses_an_unknown_instance_in_one_line(layouts):
 # out of the router and running; out and stopped; restarted but not back. PDNODE_KILL_ALL=1:
 # every task boundary of roles/pd_services/tasks/restart_engine.yml.
 DRAIN_KILL_BEFORE = [
-    "pdnode.sglang_pd.pd_services : Show when the instance left the router",
+    "pdnode.sglang_pd.pd_services : Restart the engine",
     "pdnode.sglang_pd.pd_services : Wait until every decode's heartbeats have dropped it",
     "pdnode.sglang_pd.pd_services : Put the instance back into the router",
 ]
