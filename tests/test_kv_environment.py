@@ -136,10 +136,19 @@ NEVER_SILENT = {
 
 
 def test_every_judged_variable_has_a_flagged_case_and_an_accepted_case_or_a_reason():
-    flagged = {name for name, *_ in FLAGGED}
-    accepted = {name for name, *_ in ACCEPTED}
-    assert sorted(kv_path.JUDGED_ENVIRONMENT - flagged) == [], "judged variables without a refused or warned case"
-    assert sorted(kv_path.JUDGED_ENVIRONMENT - accepted - set(NEVER_SILENT)) == [], "without an accepted case"
+    """The table of the variables the rule judges (kv_path.JUDGED_ENVIRONMENT) held to the
+    cases, and through them to the rule: a variable counts as flagged only where the plan
+    flags every one of its FLAGGED cases with the case's rule, and as accepted only where the
+    plan accepts every one of its ACCEPTED cases in silence. A variable of the table that the
+    rule stops judging (or judges with another verdict) fails here, by name."""
+    flagged = {name for name, *_ in FLAGGED} - {
+        name for name, value, layout, rule in FLAGGED if [r for r, _ in _findings(layout, {name: value})] != [rule]}
+    accepted = {name for name, *_ in ACCEPTED} - {
+        name for name, value, layout in ACCEPTED if _findings(layout, {name: value})}
+    assert sorted(kv_path.JUDGED_ENVIRONMENT - flagged) == [], \
+        "judged variables without a refused or warned case, or one the rule does not flag so"
+    assert sorted(kv_path.JUDGED_ENVIRONMENT - accepted - set(NEVER_SILENT)) == [], \
+        "without an accepted case, or with one the rule does not accept"
     assert not accepted & set(NEVER_SILENT), "a variable both accepted and never silent"
     assert sorted((flagged | accepted | set(NEVER_SILENT)) - kv_path.JUDGED_ENVIRONMENT) == [], "cases for unjudged names"
 
