@@ -16,7 +16,7 @@ description:
     gate). The plan names the instances after the record and predicts a change's windows
     from those measured starts.
   - With a record, the units of O(prefix) that systemd runs here and the record does not
-    name (RV(strangers)): the plan refuses to change a node that runs what it does not know.
+    name (RV(strangers)); the plan refuses to change a node that runs what it does not know.
   - Read-only; it answers the same in check mode. A missing record answers content null.
 options:
   path:
@@ -48,7 +48,7 @@ units:
   description:
     - Engine unit of the record that systemd knows here -> C(active) (its ActiveState),
       C(since) (when it became active), C(started_s), and of its main process C(python) (the
-      interpreter it runs: its release) and C(model_commit) (PDNODE_MODEL_COMMIT in its
+      interpreter it runs, so its release) and C(model_commit) (PDNODE_MODEL_COMMIT in its
       environment), for pdnode status.
   returned: always
   type: dict

@@ -16,7 +16,7 @@ description:
     has dropped it, C(pdnode.node.drain hold)), starts O(start.workers) with one
     C(systemctl start), and only when they all started, O(start.after) (the router where the layout
     runs it, the probe's timer, the target). The units themselves, not the target, are
-    started: the target only Wants= them, so starting it succeeds with failed services.
+    started (the target only Wants= them, so starting it succeeds with failed services).
     systemctl waits for every job (each start ends when its readiness gate passes, or at
     once when the service's process exits).
   - A service that did not start fails the task with one block per service, naming it, its
