@@ -5,6 +5,7 @@ generated layout pairs (add, remove, move, resize, rename, change arguments; 1-3
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 
@@ -154,6 +155,43 @@ def test_the_order_is_as_good_as_the_best_of_every_order(case):
     assert len(plan.steps) == len(m.restart) + len(m.stop) + len(m.start)
     if plan.steps:
         assert plan.steps[-1].serving == {r: sum(1 for i in new if i.role == r) for r in lc.ROLES}
+
+
+def interleavings(seqs: list[list[lc.Action]]):
+    """Every merge of SEQS that keeps each one's order."""
+    if all(not s for s in seqs):
+        yield []
+        return
+    for i, s in enumerate(seqs):
+        if s:
+            for rest in interleavings([*seqs[:i], s[1:], *seqs[i + 1:]]):
+                yield [s[0], *rest]
+
+
+def host_of(a: lc.Action, m: lc.Matching) -> str:
+    gpus = next(i.gpus for i in (*m.stop, *m.start, *(n for _, n in m.restart)) if i.id == (a.old if a.kind == "stop"
+                                                                                            else a.new))
+    return gpus[0][0]
+
+
+@pytest.mark.parametrize("case", [i for i, (old, _) in enumerate(CASES) if len({h for x in old for h, _ in x.gpus}) > 1])
+def test_the_hosts_side_by_side_worst_is_the_worst_of_every_interleaving(case):
+    """lc.side_by_side (the deploy's hosts, each taking its own steps in order, at once)
+    against every interleaving of the hosts' sequences, on the generated multi-host cases."""
+    old, new = CASES[case]
+    m = lc.match(old, new)
+    plan = lc.order(m)
+    where = functools.partial(host_of, m=m)
+    seqs: dict[str, list[lc.Action]] = {}
+    for step in plan.steps:
+        seqs.setdefault(where(step.action), []).append(step.action)
+    worst = dict(plan.start)
+    for merged in interleavings(list(seqs.values())):  # at most 7 steps: at most 5,040
+        c = dict(plan.start)
+        for a in merged:
+            c, least = lc._apply(c, a)
+            worst = {r: min(worst[r], least[r]) for r in lc.ROLES}
+    assert lc.side_by_side(plan, where) == worst, [s.action.label for s in plan.steps]
 
 
 def test_the_generated_pairs_cover_what_the_issue_names():

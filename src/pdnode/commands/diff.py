@@ -115,11 +115,13 @@ def report(change: dict[str, Any], source: str, target: str) -> tuple[dict[str, 
         "steps": [{"step": i + 1, "action": s["kind"], "instance": s["id"], "was": s["was"], "label": s["label"],
                    "serving_after": s["serving"], "at_zero": s["at_zero"]} for i, s in enumerate(change["steps"])],
         "windows": change["windows"],
+        # roles the hosts' steps, taken side by side, may leave with none serving
+        "side_by_side": change.get("side_by_side") or [],
         # what the deploy refuses this change for (a window, units the record does not name,
         # an unfinished earlier change), in its one line; None where it would run
         "refusal": change.get("refusal"),
     }
-    return doc, not change["windows"] and not doc["refusal"]
+    return doc, not change["windows"] and not doc["side_by_side"] and not doc["refusal"]
 
 
 def _gpus(pairs: list[list[Any]]) -> str:
@@ -150,7 +152,10 @@ def text(doc: dict[str, Any]) -> str:
         lines.append(f"  window: no {w['role']} serves during step(s) {', '.join(map(str, w['steps']))}: {secs} "
                      f"({w['source']}); no order of these steps avoids it: the deploy refuses it unless "
                      f"-e '{ACCEPT_WINDOW}'")
-    if not doc["windows"]:
+    for role in doc["side_by_side"]:
+        lines.append(f"  side by side: the hosts take their own steps at once; a {role} may have none serving "
+                     "between one host's stop and another's start")
+    if not doc["windows"] and not doc["side_by_side"]:
         lines.append("  every step keeps a prefill and a decode serving")
     if doc["refusal"]:
         lines.append(f"  the deploy refuses it: {doc['refusal']}")

@@ -282,6 +282,6 @@ def node_answer(plan: Mapping[str, Any], read: Mapping[str, Any] | None,
             listed = json.loads(lines[-1]).get("listed")
         except ValueError:
             listed = None
-    keys = ("by", "notes", "steps", "windows", "record", "strangers", "refusal")
+    keys = ("by", "notes", "steps", "windows", "side_by_side", "record", "strangers", "refusal")
     return {"host": plan["host"], "change": {k: change.get(k) for k in keys},
             "units": dict((read or {}).get("units") or {}), "router": listed, "router_host": "router" in plan["services"]}

@@ -23,7 +23,7 @@ Pure: instances in, steps out (pdnode.commands.diff reads the inventories).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -225,6 +225,29 @@ def order(m: Matching) -> Plan:
         steps.append(Step(acts[i], after, least, tuple(r for r in roles if least[r] <= 0)))
         c = after
     return Plan(tuple(steps), start, exact)
+
+
+def side_by_side(change: Plan, host_of: Callable[[Action], str]) -> dict[str, int]:
+    """Role -> the fewest of its instances serving at some moment when each host takes its
+    own steps in the plan's order but the hosts run side by side (the deploy's handlers:
+    HOST_OF names the host whose handlers take an action). The hosts can reach their lows
+    at the same moment, so the worst is the start plus each host's lowest dip: a stop
+    counts from its start, a start once it is done, a restart is away while it runs."""
+    worst = {r: change.start[r] for r in ROLES}
+    by_host: dict[str, list[Action]] = {}
+    for step in change.steps:
+        by_host.setdefault(host_of(step.action), []).append(step.action)
+    for actions in by_host.values():
+        for role in ROLES:
+            now = low = 0
+            for a in (a for a in actions if a.role == role):
+                if a.kind == "stop":
+                    now -= 1
+                low = min(low, now - (1 if a.kind == "restart" else 0))
+                if a.kind == "start":
+                    now += 1
+            worst[role] += low
+    return worst
 
 
 def plan_change(old: Sequence[Instance], new: Sequence[Instance]) -> tuple[Matching, Plan]:

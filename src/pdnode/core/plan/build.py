@@ -28,6 +28,7 @@ from ...node.router_launch import router_argv
 from ..rules.ports import BASES, allocate, reserved_ports
 from ..change import cost as change_cost
 from ..change import identity, window
+from ..change import layout_change as lc
 from .schema import SCHEMA_ID
 from .roles.pd_services import ENGINE_UNIT
 from .roles.views import views
@@ -767,7 +768,8 @@ def _change(v: dict[str, Any], engines: list[Instance], recorded: identity.Recor
     record = identity.record(engines, plan.cluster["engines"], reserved, runs)
     doc: dict[str, Any] = {"by": "index" if running is None else "record", "notes": notes, "record": record,
                            "converged": record, "record_file": f"{plan.install['applied_dir']}/{identity.RECORD_FILE}",
-                           "steps": [], "windows": [], "stops": {}, "strangers": {}, "refusal": None}
+                           "steps": [], "windows": [], "side_by_side": [], "stops": {}, "strangers": {},
+                           "refusal": None}
     restarting = identity.runs_changed(running, engines, runs, processes)
     found = identity.change(running, engines, restarting)
     if found is None or recorded is None:
@@ -806,9 +808,20 @@ def _change(v: dict[str, Any], engines: list[Instance], recorded: identity.Recor
         return f"{a.label} ({why})" if why else a.label
 
     doc["steps"] = [{"kind": s.action.kind, "role": s.action.role, "id": s.action.new or s.action.old,
-                     "was": s.action.old, "label": label(s.action), "serving": s.serving, "at_zero": list(s.at_zero)}
+                     "was": s.action.old, "label": label(s.action), "serving": s.serving, "at_zero": list(s.at_zero),
+                     "hosts": sorted({h for h, _ in running[s.action.old].gpus}) if s.action.kind == "stop"
+                     else list(by_id[s.action.new].hosts)}
                     for s in steps.steps]
     doc["windows"] = window.windows(steps, estimate, window.stop_seconds(v["pdnode_router_package"]), hold)
+    # Each host's handlers take its own steps, the hosts side by side: a role the plan's
+    # order keeps serving may still reach zero when the steps of several hosts interleave.
+    def host_of(a: Any) -> str:
+        return running[a.old].gpus[0][0] if a.kind == "stop" else by_id[a.new].hosts[0]
+
+    if len({host_of(s.action) for s in steps.steps}) > 1:
+        worst = lc.side_by_side(steps, host_of)
+        zero = {w["role"] for w in doc["windows"]}
+        doc["side_by_side"] = [r for r in lc.ROLES if steps.start[r] > 0 and worst[r] <= 0 and r not in zero]
     doc["stops"] = {s.action.old: {"unit": running[s.action.old].unit,
                                    "hosts": sorted({h for h, _ in running[s.action.old].gpus}),
                                    "worker": running[s.action.old].worker}
@@ -844,6 +857,17 @@ def _change_refusal(v: dict[str, Any], doc: dict[str, Any], recorded: identity.R
             f"{record_file} still names the layout it started from): the node may run parts of both; nothing was "
             "stopped", "finish that change first (run the deploy again with the inventory it had), then deploy "
             f"this one; or remove {record_file} (the deploy then names instances by their index)"))
+    if doc["side_by_side"] and not doc["windows"] and not v["pdnode_allow_unavailable"]:
+        role = doc["side_by_side"][0]
+        hosts = sorted({h for step in doc["steps"] for h in step["hosts"]})
+        return str(Problem(
+            "layout-change-keeps-serving", f"pdnode_{role}_instances", ", ".join(hosts),
+            f"the steps of this change run on {' and '.join(hosts)} side by side (each host's deploy takes its own "
+            f"steps in order, not the layout's order across hosts): a {role} may have none serving while one host "
+            "stops its last before another has started one; nothing was stopped",
+            "change one host at a time (first an inventory that only adds the new instances, then the one that "
+            f"removes the old), or accept the window with -e '{change_cost.ACCEPT_WINDOW}' (`pdnode diff INVENTORY` "
+            "shows the steps)"))
     if doc["windows"] and not v["pdnode_allow_unavailable"]:
         w = min(doc["windows"], key=lambda w: w["steps"][0])  # the first step that leaves a role at zero
         first = doc["steps"][w["steps"][0] - 1]

@@ -462,6 +462,7 @@ class ChangeStep(TypedDict):
     label: str
     serving: dict[str, int]  # role -> instances serving after the step
     at_zero: list[str]  # roles no instance serves during the step
+    hosts: list[str]  # the hosts whose deploy takes it
 
 
 class ChangeWindow(TypedDict):
@@ -487,6 +488,7 @@ class Change(TypedDict):
     record_file: str
     steps: list[ChangeStep]
     windows: list[ChangeWindow]
+    side_by_side: list[str]  # roles the hosts' steps, taken side by side, may leave with none serving
     stops: dict[str, ChangeStop]  # the running instances it stops
     strangers: dict[str, list[str]]  # host -> engine units it runs that neither the record nor the plan names
     refusal: str | None  # the line deploy and upgrade refuse with (units not named, an unfinished change, a window)
