@@ -51,6 +51,8 @@ def test_a_decode_moving_to_another_host_is_refused_where_the_hosts_run_side_by_
     text = got["refusal"]
     assert text and "\n" not in text and "run on gpu01 and gpu02 side by side" in text, text
     assert "change one host at a time" in text and '"pdnode_allow_unavailable": true' in text
+    # upgrade.yml switches one host at a time: the hosts' steps do not overlap there
+    assert got["refusal_one_host_at_a_time"] is None
     accepted = plan(moved, one_decode_on_gpu02, pdnode_allow_unavailable=True)["change"]
     assert accepted["refusal"] is None and accepted["side_by_side"] == ["decode"]
     doc, safe = diff.report(got, "the node", "inv")

@@ -769,7 +769,7 @@ def _change(v: dict[str, Any], engines: list[Instance], recorded: identity.Recor
     doc: dict[str, Any] = {"by": "index" if running is None else "record", "notes": notes, "record": record,
                            "converged": record, "record_file": f"{plan.install['applied_dir']}/{identity.RECORD_FILE}",
                            "steps": [], "windows": [], "side_by_side": [], "stops": {}, "strangers": {},
-                           "refusal": None}
+                           "refusal": None, "refusal_one_host_at_a_time": None}
     restarting = identity.runs_changed(running, engines, runs, processes)
     found = identity.change(running, engines, restarting)
     if found is None or recorded is None:
@@ -831,14 +831,16 @@ def _change(v: dict[str, Any], engines: list[Instance], recorded: identity.Recor
     doc["strangers"] = {h: sorted(u for u in units_there if engine_unit.fullmatch(u) and u not in known)
                         for h, units_there in sorted(strangers.items())}
     doc["strangers"] = {h: us for h, us in doc["strangers"].items() if us}
-    doc["refusal"] = _change_refusal(v, doc, recorded, restarting)
+    doc["refusal"] = _change_refusal(v, doc, recorded, restarting, side_by_side=True)
+    # upgrade.yml switches one host at a time (serial: 1): the hosts' steps do not overlap
+    doc["refusal_one_host_at_a_time"] = _change_refusal(v, doc, recorded, restarting, side_by_side=False)
     return doc
 
 
 def _change_refusal(v: dict[str, Any], doc: dict[str, Any], recorded: identity.Record,
-                    restarting: Mapping[str, str]) -> str | None:
+                    restarting: Mapping[str, str], side_by_side: bool) -> str | None:
     """The first reason the deploy does not start the change (deploy.yml and upgrade.yml
-    assert it), in one line: engine units the plan cannot place, an unfinished change to
+    assert it; SIDE_BY_SIDE: the hosts take their steps at once, as deploy.yml's do), in one line: engine units the plan cannot place, an unfinished change to
     another layout, a step that leaves a role with no instance serving (unless accepted)."""
     record_file = doc["record_file"]
     for host, units in doc["strangers"].items():
@@ -857,7 +859,7 @@ def _change_refusal(v: dict[str, Any], doc: dict[str, Any], recorded: identity.R
             f"{record_file} still names the layout it started from): the node may run parts of both; nothing was "
             "stopped", "finish that change first (run the deploy again with the inventory it had), then deploy "
             f"this one; or remove {record_file} (the deploy then names instances by their index)"))
-    if doc["side_by_side"] and not doc["windows"] and not v["pdnode_allow_unavailable"]:
+    if side_by_side and doc["side_by_side"] and not doc["windows"] and not v["pdnode_allow_unavailable"]:
         role = doc["side_by_side"][0]
         hosts = sorted({h for step in doc["steps"] for h in step["hosts"]})
         return str(Problem(

@@ -492,6 +492,7 @@ class Change(TypedDict):
     stops: dict[str, ChangeStop]  # the running instances it stops
     strangers: dict[str, list[str]]  # host -> engine units it runs that neither the record nor the plan names
     refusal: str | None  # the line deploy and upgrade refuse with (units not named, an unfinished change, a window)
+    refusal_one_host_at_a_time: str | None  # the same where the hosts switch one at a time (upgrade.yml)
 
 
 class PlanDoc(TypedDict):
