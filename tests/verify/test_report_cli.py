@@ -148,3 +148,53 @@ def test_remote_targets_are_not_applicable():
     assert [(i.id, i.url, i.bootstrap_url) for i in run.targets.instances] == [("prefill-0", None, None),
                                                                                 ("decode-0", None, None)]
     assert run.targets.router_url == "http://192.0.2.10:1"
+
+
+def test_on_the_node_the_instances_are_named_as_its_record_names_them(tmp_path, monkeypatch):
+    """After 2P2D -> 3P1D the decode on GPUs 6-7 stays decode-1 (the node's record), though
+    it is the first decode of the inventory: `pdnode verify` on the node reads the record
+    and checks decode-1 at its own port, not a decode-0 that does not run."""
+    import shutil
+
+    from pdnode.commands.cli import main
+    from pdnode.core.inventory.read import inventory_variables
+    from pdnode.core.plan.build import build_plan
+    from pdnode.verify import cli
+
+    def inventory(name, prefills, decodes):
+        inv = tmp_path / name
+        (inv / "host_vars").mkdir(parents=True)
+        shutil.copytree(REPO / "inventories" / "demo" / "group_vars", inv / "group_vars")
+        (inv / "hosts.yml").write_text(json.dumps({"all": {"hosts": {"pdnode-demo": {"ansible_connection": "local"}}}}))
+        dp = {"attn_dp_size": 2, "ep_size": 2, "moe_dense_tp_size": 1, "enable_dp_lm_head": True}
+        (inv / "host_vars" / "pdnode-demo.yml").write_text(json.dumps(
+            {"pdnode_prefill_instances": [{"gpus": g, "tp_size": 2} for g in prefills],
+             "pdnode_decode_instances": [{"gpus": g, "tp_size": 2, **dp} for g in decodes]}))
+        return inv
+
+    two = inventory("2p2d", [[0, 1], [2, 3]], [[4, 5], [6, 7]])
+    record = build_plan(inventory_variables(two)["pdnode-demo"], "pdnode-demo").as_dict()["change"]["converged"]
+    three = inventory("3p1d", [[0, 1], [2, 3], [4, 5]], [[6, 7]])
+    asked, views = [], []
+
+    def record_at(path):
+        asked.append(path)
+        return json.dumps(record)
+
+    monkeypatch.setattr(cli, "_node_record", record_at)
+    monkeypatch.setattr(cli, "run_with_plan", lambda view, args, **kw: views.append(view) or 0)
+    assert main(["verify", str(three)]) == 0
+    assert asked == ["/var/lib/pdnode/applied/sglang-pd/layout.json"]
+    assert sorted(views.pop()["cluster"]["engines"]) == ["decode-1", "prefill-0", "prefill-1", "prefill-2"]
+    # without a record (or where it cannot be read) the inventory's index names
+    monkeypatch.setattr(cli, "_node_record", lambda path: None)
+    assert main(["verify", str(three)]) == 0
+    assert sorted(views.pop()["cluster"]["engines"]) == ["decode-0", "prefill-0", "prefill-1", "prefill-2"]
+
+
+def test_a_record_that_cannot_be_read_names_instances_by_their_index_and_says_why(tmp_path, capsys):
+    from pdnode.verify import cli
+
+    assert cli._node_record(str(tmp_path / "none.json")) is None and capsys.readouterr().err == ""
+    assert cli._node_record(str(tmp_path)) is None  # a directory: not readable as the record
+    assert "cannot read the node's record" in capsys.readouterr().err

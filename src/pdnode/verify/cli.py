@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 from collections.abc import Mapping, Sequence
 
@@ -120,19 +121,40 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     try:
         loaded = load_plan(args.inventory, args.host)
+        conn = str(loaded.variables.get("ansible_connection") or "")
+        # On the node, its record of the layout it runs names the instances as the deploy
+        # did (an instance that stayed keeps its name whatever its index); elsewhere the
+        # instances are not reached (the router is), and their names do not matter.
+        on_node = conn == "local" if args.on_node is None else bool(args.on_node)
+        record = _node_record(loaded.plan.change["record_file"]) if on_node else None
+        if record:
+            loaded = load_plan(args.inventory, args.host, record)
         plan, host = loaded.plan, loaded.plan.host
         if plan.cluster["multi_host"] and "router" not in plan.services:
             return _cannot_run(args, f"{host} does not run the router of its layout: verify from "
                                      f"{plan.cluster['router']['host']} (--host {plan.cluster['router']['host']})")
-        # the layout's every engine, as each host plans it
-        plans = {h: load_plan(args.inventory, h).plan.as_dict() for h in plan.cluster["hosts"]}
+        # the layout's every engine, as each host plans it (from the same record: the hosts'
+        # records of one layout are the same)
+        plans = {h: load_plan(args.inventory, h, record).plan.as_dict() for h in plan.cluster["hosts"]}
     except Unplannable as exc:  # an invalid inventory too: the node is what this command judges
         return _cannot_run(args, "\n".join([str(exc), *exc.lines[1:]]))
-    conn = str(loaded.variables.get("ansible_connection") or "")
     address = None if conn == "local" else loaded.variables.get("ansible_host")
     # The inventory, not an address, says whether this machine is the node.
     return run_with_plan(layout_view(plans, host), args, node_address=str(address) if address else None,
                          api_key_file=plan.settings.get("pdnode_api_key_file"), on_node=conn == "local")
+
+
+def _node_record(path: str) -> str | None:
+    """The node's record of the layout it runs (root-only); None where there is none or it
+    cannot be read here (then instances are named by their index, as the inventory says)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        print(f"pdnode verify: cannot read the node's record {path} ({exc.strerror}): instances are named by their "
+              "index (run as root, or give them name: in the inventory)", file=sys.stderr)
+        return None
 
 
 def register(sub: Any) -> None:

@@ -205,7 +205,7 @@ def adopt(engines: list[Entry], running: Mapping[str, Running] | None) -> list[s
                 if e.id != was:
                     notes.append(f"{e.field} ({was} by its index) is {e.id}, which runs on the same GPUs: it {how} "
                                  f"(give it name: \"{e.name}\" so that commands run without the node, such as "
-                                 "`pdnode verify INVENTORY`, name it so too)")
+                                 "`pdnode render`, name it so too)")
         # The names the new layout holds: the kept ones' and the operator's. A running
         # instance that is neither stops or moves; the new instance at its index may take
         # its name (its unit then stops there and starts here: layout_change's move).

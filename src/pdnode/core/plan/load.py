@@ -39,15 +39,18 @@ def problem_lines(inventory: str, host: str, problems: list[Problem], sources: d
         f"  {p}" + (f"  [{source_of(p, sources)}]" if source_of(p, sources) else "") for p in problems]
 
 
-def load_plan(inventory: str, host: str | None = None) -> Loaded:
-    """HOST's plan (None: the inventory's only host), or Unplannable."""
+def load_plan(inventory: str, host: str | None = None, record: str | None = None) -> Loaded:
+    """HOST's plan (None: the inventory's only host), or Unplannable. RECORD: the text of the
+    node's record of the layout it runs (its instances are then named as the node names
+    them: pdnode.core.change.identity), read on the node by the caller."""
     try:
         hv = load_inventory(inventory, host)
         peers = inventory_variables(inventory)
     except InventoryError as exc:
         raise Unplannable(str(exc), EXIT_CANNOT_RUN) from None
     try:
-        plan = build_plan(hv.variables, hv.host, peers, hv.inventory_dir)
+        plan = build_plan(hv.variables, hv.host, peers, hv.inventory_dir,
+                          running={hv.host: record} if record else None)
     except PlanError as exc:
         n = len(exc.problems)
         raise Unplannable(f"the inventory {inventory} is invalid ({n} problem{'s' * (n != 1)}; `pdnode check "
