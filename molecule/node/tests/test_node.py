@@ -60,7 +60,12 @@ def test_port_bound_on_intended_address(host, port, addr):
         assert not host.socket(f"tcp://0.0.0.0:{port}").is_listening
 
 
-def test_router_ordered_after_both_workers(host):
+def test_the_router_starts_after_every_engine_passed_its_readiness_gate(host):
+    """Row 1 of docs/field-failures.md: a worker's unit is active only once its engine
+    answers (its ExecStartPost gate: the stand-in answers after its configured start,
+    PDNODE_SIM_STARTUP_S), and the router starts only after every worker is active. Without
+    the gate a unit is active the moment its process runs, and the router starts beside a
+    prefill that still loads: the first assertion below fails."""
     after = host.check_output(f"systemctl show -p After --value {PREFIX}-router.service").split()
     assert UNITS[0] in after and UNITS[1] in after
     # The order shows in a start of all three from stopped, as a boot or a first deploy does
@@ -69,9 +74,15 @@ def test_router_ordered_after_both_workers(host):
     # systemctl call waits for all three jobs, each through its readiness gate.
     host.run_expect([0], "systemctl stop " + " ".join(reversed(UNITS)))
     host.run_expect([0], "systemctl start " + " ".join(UNITS))
-    started = {u: int(host.check_output(f"systemctl show -p ExecMainStartTimestampMonotonic --value {u}"))
-               for u in UNITS}
-    assert started[UNITS[2]] > started[UNITS[0]] and started[UNITS[2]] > started[UNITS[1]]
+
+    def us(unit: str, what: str) -> int:
+        return int(host.check_output(f"systemctl show -p {what}TimestampMonotonic --value {unit}"))
+
+    for worker, env in zip(UNITS[:2], ("prefill-0.env", "decode-0.env")):
+        startup = float(host.check_output(f"sed -n 's/^PDNODE_SIM_STARTUP_S=//p' /etc/sglang-pd/{env}"))
+        gated = (us(worker, "ActiveEnter") - us(worker, "ExecMainStart")) / 1e6
+        assert gated >= startup, (worker, gated, startup)  # active only once its engine answered
+        assert us(UNITS[2], "ExecMainStart") >= us(worker, "ActiveEnter"), worker
 
 
 @pytest.mark.parametrize("unit", UNITS)
