@@ -750,18 +750,17 @@ def _change(v: dict[str, Any], engines: list[Instance], recorded: identity.Recor
             notes: list[str], plan: Plan, model: dict[str, Any], started: Mapping[str, float],
             processes: Mapping[str, Mapping[str, str | None]],
             strangers: Mapping[str, Iterable[str]]) -> dict[str, Any]:
-    """The change from what the node runs to this layout (pdnode.core.change.identity and
-    layout_change): its steps in order, the roles a step leaves at zero and for how long
-    (pdnode.core.change.window, from the node's measured starts where it has them): a
-    new release or model commit restarts every instance that stays (the running units'
-    processes, else the record, say what runs now), the
-    running instances it stops (for the deploy), and the record the deploy writes. A step
-    that leaves a role at zero is the ``refusal`` (a Problem's line, None without one or
-    with pdnode_allow_unavailable): deploy.yml and upgrade.yml refuse it before anything
-    changes; the playbooks that change no layout (verify, restart, collect) plan anyway.
-    So are a change while an earlier deploy's change is unfinished to another layout, and
-    units of the prefix the node runs that neither its record nor this layout names
-    (STRANGERS): the deploy does not guess what they are."""
+    """The change from what the node runs (RECORDED) to this layout:
+    - its steps in order (pdnode.core.change.identity, layout_change); a new release or
+      model commit restarts every instance that stays (PROCESSES, else the record, say
+      what runs now);
+    - the windows of the steps that leave a role at zero (pdnode.core.change.window, from
+      the node's measured starts, STARTED), and the roles the hosts' steps, taken side by
+      side, may leave at zero;
+    - the running instances it stops, and the record the deploy writes (with where the
+      change started until its steps are done) and its converged form;
+    - the ``refusal``, one line or None (_change_refusal): deploy.yml and upgrade.yml
+      assert it before anything changes; the playbooks that change no layout plan anyway."""
     runs = {"python": plan.install["python"], "model_commit": plan.model.get("commit")}
     running = recorded.running if recorded is not None else None
     reserved = {e.id: reserved_ports(e) for e in engines}
