@@ -240,6 +240,10 @@ def node(tmp_path):
                                                "spec": {"out": str(tmp_path / "pairs.prom")}}}},
     }
     (tmp_path / "pairs.prom").write_text('pdnode_pair_probe_success{prefill="prefill-0",decode="decode-0"} 0\n')
+    # the node's record of its layout, here of a change whose steps had not all run
+    (tmp_path / "layout.json").write_text(json.dumps({"schema": "pdnode.layout/1", "engines": {"prefill-0": {}},
+                                                      "from": {"prefill-9": {}}}))
+    plan["change"] = {"record_file": str(tmp_path / "layout.json")}
     yield plan, tmp_path
     server.shutdown()
 
@@ -283,6 +287,8 @@ def test_collect_host_strips_keys_redacts_and_records_every_file(node):
         assert f"journal/pdtest-none-{unit}.txt" in {x.removeprefix("h1/") for x in listed}, unit
     # what the per-pair probe last found
     assert (stage / "h1/http/pair-probe.prom.txt").read_text().startswith("pdnode_pair_probe_success{")
+    # what the node runs, as the last deploy recorded it (with where its change started)
+    assert json.loads((stage / "h1/state/layout.json").read_text())["from"] == {"prefill-9": {}}
     # /workers was asked with the admin key (the fake answers 401 without it), its secrets redacted
     workers = json.loads((stage / "h1/http/router.workers.json").read_text())
     assert files["h1/http/router.workers.json"]["exit_status"] == 200

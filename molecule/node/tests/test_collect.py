@@ -127,6 +127,9 @@ def test_the_bundle_holds_what_an_incident_needs(run):
     key_files = {k["path"]: k for k in json.loads(files["config/key-files.json"])["files"]}
     assert {k["mode"] for k in key_files.values()} == {"0400"} and all(k["size"] > 0 for k in key_files.values())
     assert json.loads(files["config/prefill-0.json"])["disaggregation_mode"] == "prefill"
+    # what the node runs, as the deploy recorded it (converged: no change under way)
+    layout = json.loads(files["state/layout.json"])
+    assert set(layout["engines"]) == {"prefill-0", "decode-0"} and "from" not in layout
     assert "==" in files["release/pip-freeze.txt"] and status["release/pip-freeze.txt"] == 0
     assert status["host/ss-ltnp.txt"] == 0 and ":8000" in files["host/ss-ltnp.txt"]
     missing = {m["item"]: m["reason"] for m in manifest["missing"]}

@@ -367,6 +367,9 @@ def targets(plan: dict[str, Any]) -> dict[str, Any]:
         "root": install.get("root"),
         "metrics": metrics,
         "workers": workers,
+        # what the node runs, as the last deploy recorded it (an unfinished change names
+        # the layout it started from): no secret in it
+        "layout_record": str((plan.get("change") or {}).get("record_file") or "") or None,
     }
 
 
@@ -622,6 +625,8 @@ def collect_host(plan: dict[str, Any], host: str, root: Path, *, deadline_s: flo
             for name in sorted(os.listdir(dropins)):
                 if name.endswith(".conf"):
                     b.read_file(f"units/{_safe(unit)}.d/{_safe(name)}", os.path.join(dropins, name), "unit")
+    if t.get("layout_record"):
+        b.read_file("state/layout.json", t["layout_record"], "json")
     keys_doc = {"note": "key files are never read into the bundle: mode, owner and size only",
                 "files": [stat_record(p) for p in t["key_files"]]}
     b.add("config/key-files.json", (json.dumps(keys_doc, indent=2) + "\n").encode(),
