@@ -13,16 +13,14 @@ root it runs as nobody.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
+from role_render import render_pd_services_files
 from planvars import variables
 
 from pdnode.core.plan.build import build_plan
@@ -30,33 +28,6 @@ from pdnode.core.plan.build import build_plan
 ROOT = Path(__file__).resolve().parents[1]
 UNIT_DIR = "/etc/systemd/system/"
 RESTART_LINE = "\nRestart=always\n"
-
-
-def _render_files(plan: dict, tmp: Path) -> list[dict]:
-    """The pd_services role's files for PLAN, as the deploy renders them (Ansible's template
-    engine, the role's defaults and vars, the collection's lookup and filters)."""
-    roles = ROOT / "roles"
-    (tmp / "plan.json").write_text(json.dumps({"pd_services_plan": plan, "pdnode_out": str(tmp / "files.json")}))
-    play = [{"name": "Render", "hosts": "localhost", "connection": "local", "gather_facts": False,
-             "vars_files": [str(roles / "pd_services/defaults/main.yml"), str(roles / "pd_services/vars/main.yml"),
-                            str(tmp / "plan.json")],
-             "tasks": [{"name": "Write the files the role would write", "ansible.builtin.copy": {
-                 "content": "{{ _pd_services_files | to_json }}", "dest": "{{ pdnode_out }}", "mode": "0600"}}]}]
-    (tmp / "render.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    # its templates found beside the play, as they are found beside the role's tasks
-    (tmp / "templates").symlink_to(roles / "pd_services/templates")
-    # the templates name the collection's lookup and filters (pdnode.sglang_pd.*): this
-    # checkout is that collection, on a collections path of its own (what renders is this tree)
-    collection = tmp / "collections" / "ansible_collections" / "pdnode"
-    collection.mkdir(parents=True)
-    (collection / "sglang_pd").symlink_to(ROOT)
-    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(tmp / "collections"), "ANSIBLE_LOCALHOST_WARNING": "0",
-           "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0", "ANSIBLE_NOCOLOR": "1"}
-    r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,",
-                        "-e", f"ansible_python_interpreter={sys.executable}", str(tmp / "render.yml")],
-                       capture_output=True, text=True, env=env, cwd=tmp, timeout=300, check=False)
-    assert r.returncode == 0, f"rendering failed:\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}"
-    return json.loads((tmp / "files.json").read_text())
 
 
 def _systemd() -> str:
@@ -105,7 +76,7 @@ def restarts_on_every_exit(loaded: dict[str, str]) -> bool:
 def rendered(tmp_path_factory):
     """gpu01's plan (real engines: a prefill and a decode) and its units as the deploy writes them."""
     plan = build_plan(variables("gpu01"), "gpu01").as_dict()
-    files = _render_files(plan, tmp_path_factory.mktemp("engine-unit-restart"))
+    files = render_pd_services_files(plan, tmp_path_factory.mktemp("engine-unit-restart"))
     units = {f["path"].removeprefix(UNIT_DIR): f["content"] for f in files if f["path"].startswith(UNIT_DIR)}
     return plan, units
 

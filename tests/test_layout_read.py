@@ -58,6 +58,8 @@ def test_no_record_is_none_and_an_unreadable_one_is_handed_on_for_the_plan_to_ju
     bad.write_text("{not json")
     got = run_module(MODULE, {"path": str(bad)})
     assert got["content"] == "{not json" and got["started"] == {}
+    bad.write_bytes(b"\xff{")  # not even text: handed on as well, never a traceback
+    assert run_module(MODULE, {"path": str(bad)})["content"] == "\ufffd{"
 
 
 def test_each_unit_s_state_since_and_what_its_main_process_runs(tmp_path, monkeypatch):

@@ -12,15 +12,12 @@ and derive none again. Each test here fails when a consumer goes back to its own
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from role_render import render_pd_services_files
 from planvars import changed, variables
 
 from pdnode.core.inventory.fields import FIELDS
@@ -37,34 +34,10 @@ def _plan(changes: dict[str, Any] | None = None, inventory: str = "demo") -> dic
     return build_plan(changed(variables(inventory), changes or {}), "node").as_dict()
 
 
-def _render_files(plan: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
-    """The pd_services role's files (_pd_services_files, as the deploy renders them: Ansible's
-    template engine with the role's defaults and vars) for PLAN."""
-    roles = ROOT / "roles"
-    (tmp / "plan.json").write_text(json.dumps({"pd_services_plan": plan, "pdnode_out": str(tmp / "files.json")}))
-    play = [{"name": "Render", "hosts": "localhost", "connection": "local", "gather_facts": False,
-             "vars_files": [str(roles / "pd_services/defaults/main.yml"), str(roles / "pd_services/vars/main.yml"),
-                            str(tmp / "plan.json")],
-             "tasks": [{"name": "Write the files the role would write", "ansible.builtin.copy": {
-                 "content": "{{ _pd_services_files | to_json }}", "dest": "{{ pdnode_out }}", "mode": "0600"}}]}]
-    (tmp / "render.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    # its templates found beside the play, as they are found beside the role's tasks
-    (tmp / "templates").symlink_to(roles / "pd_services/templates")
-    # the role's templates name the collection's filters (pdnode.sglang_pd.*): the checkout
-    # is that collection on the collections path ansible.cfg names (scripts/setup links it)
-    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".venv" / "collections"), "ANSIBLE_LOCALHOST_WARNING": "0",
-           "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0", "ANSIBLE_NOCOLOR": "1"}
-    r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,",
-                        "-e", f"ansible_python_interpreter={sys.executable}", str(tmp / "render.yml")],
-                       capture_output=True, text=True, env=env, cwd=tmp, timeout=300, check=False)
-    assert r.returncode == 0, f"rendering failed:\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}"
-    return yaml.safe_load((tmp / "files.json").read_text())
-
-
 def test_the_rendered_files_name_only_the_plans_prefix_and_paths(tmp_path):
     assert all(DEFAULTS[k] != v for k, v in OTHER.items())
     plan = _plan({**OTHER, "pdnode_model_path": "/models/demo-moe"})  # the demo's is under /var/lib/sglang-pd-models
-    files = _render_files(plan, tmp_path)
+    files = render_pd_services_files(plan, tmp_path)
     units = [f for f in files if f["path"].endswith(tuple(f"/{s['unit']}" for s in plan["services"].values()))]
     assert len(units) == len(plan["services"]) and files
     # the per-pair probe's units and files are named after the prefix too

@@ -80,10 +80,12 @@ def pdnode_change_measured(windows, taken, ended) -> list:
     return window.measured(list(windows), list(taken), float(ended))
 
 
-def pdnode_restart_refusal(plan, ids) -> str:
-    """playbooks/restart.yml: '' or the one line refusing a restart of IDS that leaves a
-    role with no instance serving (pdnode.core.change.cost.restart_refusal)."""
-    return cost.restart_refusal(plan, list(ids)) or ""
+def pdnode_restart_refusal(plan, instance: str) -> str:
+    """playbooks/restart.yml: '' or the one line refusing a restart of INSTANCE (an engine
+    id, or "all": this host's engines) that leaves a role with no instance serving
+    (pdnode.core.change.cost.restart_refusal)."""
+    ids = [sid for sid in plan["services"] if sid != "router"] if instance == "all" else [str(instance)]
+    return cost.restart_refusal(plan, ids) or ""
 
 
 def pdnode_layout_read_spec(variables) -> dict:

@@ -118,7 +118,7 @@ def main() -> None:
     module = AnsibleModule(argument_spec={"path": {"type": "path", "required": True},
                                           "prefix": {"type": "str", "default": ""}}, supports_check_mode=True)
     try:
-        with open(module.params["path"], encoding="utf-8") as fh:
+        with open(module.params["path"], encoding="utf-8", errors="replace") as fh:  # the plan judges it
             content = fh.read()
     except FileNotFoundError:
         module.exit_json(changed=False, content=None, started={}, units={}, strangers=[])

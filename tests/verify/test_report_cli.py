@@ -198,3 +198,6 @@ def test_a_record_that_cannot_be_read_names_instances_by_their_index_and_says_wh
     assert cli._node_record(str(tmp_path / "none.json")) is None and capsys.readouterr().err == ""
     assert cli._node_record(str(tmp_path)) is None  # a directory: not readable as the record
     assert "cannot read the node's record" in capsys.readouterr().err
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe")
+    assert cli._node_record(str(tmp_path / "binary.json")) is None
+    assert "not UTF-8 text" in capsys.readouterr().err

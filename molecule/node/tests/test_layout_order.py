@@ -19,14 +19,14 @@ plan reads), healthy.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
 
 import host_load
 import pytest
-from test_upgrade import ALLOW_UNAVAILABLE, PROBE_LOAD, REPO, _env, _inventory, playbook, router_workers
+from test_upgrade import (ALLOW_UNAVAILABLE, PROBE_LOAD, REPO, _env, _inventory, killed_as_engines_restart,
+                          playbook, router_workers)
 
 PROBE = "/var/tmp/pdnode-layout-order-probe"
 RECORD = "/var/lib/pdnode/applied/sglang-pd/layout.json"
@@ -214,10 +214,10 @@ def test_1p2d_to_2p1d_is_refused_before_anything_stops_and_runs_with_the_overrid
           f"success: {measured} s ({measured / predicted:.2f}x)")
     print(f"the deploy's measured windows: {windows['ran']} s")
     assert windows["lines"] and result["failed"] > 0  # the window the plan named was real
-    # one report per window; the deploy's clock spans the clients' gap (a drain, a stop, a
-    # start and a join), whatever the load
+    # one report per window, none shorter than 30 % under the prediction (a busy machine only
+    # lengthens the deploy's steps; against the clients' gap it is a benchmark, printed above)
     assert len(windows["ran"]) == len(preview["windows"]), windows
-    assert max(windows["ran"]) >= 0.7 * measured, (windows["ran"], measured)
+    assert max(windows["ran"]) >= 0.7 * predicted, (windows["ran"], predicted)
     # Not shorter than predicted by more than 30 % (a busy machine only lengthens the steps;
     # the ratio itself is a benchmark: docs/measurements.md, "A layout change in order").
     assert measured >= 0.7 * predicted, (measured, predicted)
@@ -253,17 +253,7 @@ def test_an_interrupted_change_is_taken_again_and_another_layout_waits_for_it(ho
     record still names where the change started; a deploy of another layout is refused in
     one line; the same deploy again takes the steps and the record converges."""
     start_from(host, inventories["2p2d"], "to 2P2D")
-    proc = subprocess.Popen(["ansible-playbook", "-i", str(inventories["3p1d"]), str(REPO / "playbooks" / "deploy.yml")],
-                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
-    seen = ""
-    for line in proc.stdout:
-        seen += line
-        if "RUNNING HANDLER [pdnode.sglang_pd.pd_services : Stop the replaced engines and restart the changed" \
-                in line:
-            break
-    os.killpg(proc.pid, 9)
-    proc.wait(timeout=60)
-    assert "Stop the replaced engines and restart the changed ones" in seen, seen[-3000:]
+    killed_as_engines_restart(inventories["3p1d"], "deploy.yml")
     unfinished = record(host)
     assert set(unfinished["from"]) == {"prefill-0", "prefill-1", "decode-0", "decode-1"}, unfinished
     other = deploy(inventories["1p2d"], "1P2D while 2P2D -> 3P1D is unfinished (refused)", *ALLOW_UNAVAILABLE)

@@ -81,6 +81,25 @@ def playbook(inventory: Path, name: str, *more: str) -> subprocess.CompletedProc
                           env=_env(), capture_output=True, text=True, timeout=1200)
 
 
+# The handlers' loop over a change's steps: where a run is killed as its engines restart.
+STEPS_HANDLER = "RUNNING HANDLER [pdnode.sglang_pd.pd_services : Stop the replaced engines and restart the changed"
+
+
+def killed_as_engines_restart(inventory: Path, name: str, *more: str) -> None:
+    """Run playbook NAME and kill it (SIGKILL, the controller's whole process group) as the
+    handlers begin the change's steps, as an operator's lost session would."""
+    proc = subprocess.Popen(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / name), *more],
+                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
+    seen = ""
+    for line in proc.stdout:
+        seen += line
+        if STEPS_HANDLER in line:
+            break
+    os.killpg(proc.pid, 9)
+    proc.wait(timeout=60)
+    assert STEPS_HANDLER in seen, seen[-3000:]
+
+
 def release(router: str, cu13: str) -> str:
     from pdnode.core.inventory.fields import BY_NAME
 
@@ -266,18 +285,7 @@ def test_interrupted_upgrade_back_to_smg_rerun_ends_on_one_release(host, version
     """Killed (SIGKILL, the whole controller process group) while the engines restart,
     then the same command again: one release, verified, recorded."""
     smg, old = release("smg", versions["cu13"]), release("sglang-router", versions["cu13"])
-    proc = subprocess.Popen(["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "upgrade.yml"), *PROBER,
-                             *ALLOW_UNAVAILABLE],
-                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
-    seen = ""
-    for line in proc.stdout:
-        seen += line
-        if "RUNNING HANDLER [pdnode.sglang_pd.pd_services : Stop the replaced engines and restart the changed" \
-                in line:
-            break
-    os.killpg(proc.pid, 9)
-    proc.wait(timeout=60)
-    assert "Stop the replaced engines and restart the changed ones" in seen, seen[-3000:]
+    killed_as_engines_restart(inventory, "upgrade.yml", *PROBER, *ALLOW_UNAVAILABLE)
     doc = json.loads(host.check_output(f"cat {RECORD}"))
     assert (doc["serving"]["venv"], doc["switching_to"]["venv"]) == (old, smg)
     t0 = time.monotonic()

@@ -226,6 +226,8 @@ def context(plan: dict[str, Any], inventory: str = "INVENTORY", address: str | N
         "router": router,
         "pair_probe": probe,  # None where it does not run
         "layout": layout,
+        # the layout's first decode: the one a page's example restart names
+        "first_decode": next(e["id"] for e in layout["engines"] if e["role"] == "decode"),
         "units": [s["unit"] for s in services.values()],
         "ports": sorted(own_ports, key=lambda kv: (kv[1], kv[0])),
         "settings": settings,

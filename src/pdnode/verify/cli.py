@@ -151,8 +151,9 @@ def _node_record(path: str) -> str | None:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        print(f"pdnode verify: cannot read the node's record {path} ({exc.strerror}): instances are named by their "
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        print(f"pdnode verify: cannot read the node's record {path} ({why}): instances are named by their "
               "index (run as root, or give them name: in the inventory)", file=sys.stderr)
         return None
 
